@@ -1,0 +1,43 @@
+"""fmesh: functional, immutable device meshes for PyTorch distributed.
+
+The pure core (layouts, meshes, transformations, rank queries) needs no torch; only
+:func:`realize` and the DeviceMesh interop import torch, on first use.
+"""
+
+from ._errors import AxisNotFoundError as AxisNotFoundError
+from ._errors import LaunchError as LaunchError
+from ._errors import MeshError as MeshError
+from ._errors import MeshMismatchError as MeshMismatchError
+from ._errors import UnrepresentableSplitError as UnrepresentableSplitError
+from ._layout import Layout as Layout
+from ._mesh import Mesh as Mesh
+from ._mesh import make_mesh as make_mesh
+from ._ops import coordinate as coordinate
+from ._ops import flatten as flatten
+from ._ops import group as group
+from ._ops import instance as instance
+from ._ops import instances as instances
+from ._ops import rename as rename
+from ._ops import slice as slice  # noqa: A004 - the contract's name; shadows builtin
+from ._ops import unflatten as unflatten
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AxisNotFoundError",
+    "Layout",
+    "LaunchError",
+    "Mesh",
+    "MeshError",
+    "MeshMismatchError",
+    "UnrepresentableSplitError",
+    "coordinate",
+    "flatten",
+    "group",
+    "instance",
+    "instances",
+    "make_mesh",
+    "rename",
+    "slice",
+    "unflatten",
+]

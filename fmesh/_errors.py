@@ -1,0 +1,50 @@
+"""The fmesh error hierarchy.
+
+Every error fmesh raises for bad input derives from :class:`MeshError`, which is a
+``ValueError``. Unknown axis names raise :class:`AxisNotFoundError`, which is also a
+``KeyError`` so ``except KeyError`` code written for dict-like lookups keeps working.
+Wrong argument types raise plain ``TypeError``.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+__all__ = [
+    "AxisNotFoundError",
+    "LaunchError",
+    "MeshError",
+    "MeshMismatchError",
+    "UnrepresentableSplitError",
+]
+
+
+class MeshError(ValueError):
+    """Base class of every fmesh error about a mesh or its arguments."""
+
+
+@final
+class AxisNotFoundError(MeshError, KeyError):
+    """An axis name that the mesh does not have.
+
+    Also a ``KeyError``; ``str()`` gives the full message (not the quoted key form
+    ``KeyError`` would use).
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+@final
+class UnrepresentableSplitError(MeshError):
+    """``unflatten`` was asked for a split that no layout can express."""
+
+
+@final
+class MeshMismatchError(MeshError):
+    """Ranks disagree about the mesh being realized (raised instead of hanging)."""
+
+
+@final
+class LaunchError(MeshError):
+    """No process group exists and none can be initialized from the environment."""
