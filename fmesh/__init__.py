@@ -20,23 +20,35 @@ from ._ops import instances as instances
 from ._ops import rename as rename
 from ._ops import slice as slice  # noqa: A004 - the contract's name; shadows builtin
 from ._ops import unflatten as unflatten
+from ._realize import CacheStats as CacheStats
+from ._realize import RealizedMesh as RealizedMesh
+from ._realize import cache_stats as cache_stats
+from ._realize import destroy as destroy
+from ._realize import from_device_mesh as from_device_mesh
+from ._realize import realize as realize
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AxisNotFoundError",
+    "CacheStats",
     "Layout",
     "LaunchError",
     "Mesh",
     "MeshError",
     "MeshMismatchError",
+    "RealizedMesh",
     "UnrepresentableSplitError",
+    "cache_stats",
     "coordinate",
+    "destroy",
     "flatten",
+    "from_device_mesh",
     "group",
     "instance",
     "instances",
     "make_mesh",
+    "realize",
     "rename",
     "slice",
     "unflatten",

@@ -8,6 +8,7 @@ identity of the tuple, so derived meshes pay O(1).
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from typing import final
@@ -41,6 +42,8 @@ class RankMapInfo:
     is_identity: bool
     is_increasing: bool
     max_rank: int
+    digest: str
+    """A content hash, so keys built from the rank map stay small."""
 
     def index_of(self, rank: int) -> int | None:
         """The index holding ``rank``, or ``None`` (O(log N))."""
@@ -87,6 +90,7 @@ def _build(ranks: tuple[int, ...]) -> RankMapInfo:
         is_identity=identity,
         is_increasing=increasing,
         max_rank=int(sorted_ranks[-1]) if sorted_ranks.size else -1,
+        digest=hashlib.sha1(array.tobytes(), usedforsecurity=False).hexdigest(),
     )
 
 
