@@ -39,6 +39,14 @@ def _int_tuple(name: str, value: object) -> tuple[int, ...]:
     return value
 
 
+def _shape_tuple(value: object) -> tuple[int, ...]:
+    return _int_tuple("shape", value)
+
+
+def _stride_tuple(value: object) -> tuple[int, ...]:
+    return _int_tuple("stride", value)
+
+
 def _coalesce(modes: Iterable[Mode]) -> tuple[Mode, ...]:
     """Drop size-1 modes and merge adjacent modes that are contiguous."""
     out: list[Mode] = []
@@ -95,9 +103,9 @@ class Layout:
     [0, 2, 4, 1, 3, 5]
     """
 
-    shape: tuple[int, ...] = attrs.field(converter=lambda v: _int_tuple("shape", v))
+    shape: tuple[int, ...] = attrs.field(converter=_shape_tuple)
     """Size of each mode, slowest first."""
-    stride: tuple[int, ...] = attrs.field(converter=lambda v: _int_tuple("stride", v))
+    stride: tuple[int, ...] = attrs.field(converter=_stride_tuple)
     """Stride of each mode, slowest first."""
 
     def __attrs_post_init__(self) -> None:

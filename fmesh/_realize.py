@@ -416,6 +416,7 @@ def _new_group(
     from torch.distributed import Backend
     from torch.distributed import distributed_c10d as c10d
 
+    pg: ProcessGroup
     be = Backend(backend)
     default_pg = c10d._get_default_group()
     try:
@@ -425,7 +426,7 @@ def _new_group(
             list(ranks),
             be,
             c10d._get_default_store(),
-            group_name=name,
+            group_name=c10d.GroupName(name),
             backend_options=options,
             timeout=timeout if timeout is not None else c10d._get_default_timeout(be),
             group_desc=desc,
