@@ -1,0 +1,70 @@
+"""The FSDP2 + tensor-parallel example runs under torchrun and its loss falls.
+
+Runs the command the README shows, with 4 gloo processes on CPU (NCCL when GPUs
+exist), and checks what rank 0 printed against fmesh's pure queries.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from subprocess import PIPE
+
+import pytest
+
+import fmesh
+
+ROOT = Path(__file__).resolve().parents[1]
+NPROC = 4
+TIMEOUT_S = 240
+
+
+def _run_example() -> tuple[subprocess.CompletedProcess[str], float]:
+    # `torchrun --standalone` picks a free port itself, so concurrent runs don't clash.
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone", "--nproc-per-node", str(NPROC),
+        "examples/train_fsdp_tp.py",  # as in the README; cwd is the repo root
+    ]  # fmt: skip
+    start = time.monotonic()
+    # Own session, so a hang kills torchrun's workers too, not only torchrun.
+    with subprocess.Popen(
+        cmd, cwd=ROOT, stdout=PIPE, stderr=PIPE, text=True, start_new_session=True
+    ) as child:
+        try:
+            out, err = child.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            out, err = child.communicate()
+            pytest.fail(f"{' '.join(cmd)} ran past {TIMEOUT_S}s:\n{out}{err}")
+    proc = subprocess.CompletedProcess(cmd, child.returncode, out, err)
+    return proc, time.monotonic() - start
+
+
+def test_train_fsdp_tp_loss_falls() -> None:
+    proc, elapsed = _run_example()
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit {proc.returncode} after {elapsed:.1f}s:\n{output}"
+
+    losses = [float(x) for x in re.findall(r"^step\s+\d+ loss (\S+)$", proc.stdout, re.M)]
+    assert len(losses) >= 2, f"no per-step losses in the output:\n{output}"
+    assert losses[-1] < losses[0], f"loss did not fall: {losses}"
+    assert re.search(r"^loss: first=\S+ last=\S+ fell=True$", proc.stdout, re.M)
+
+    groups = re.search(r"^rank 0 coordinate \(0, 0\) groups: (.*)$", proc.stdout, re.M)
+    assert groups is not None, f"rank 0 printed no groups:\n{output}"
+    printed = {
+        axis: tuple(int(r) for r in ranks.split(", "))
+        for axis, ranks in re.findall(r"(\w+)=\[([\d, ]+)\]", groups.group(1))
+    }
+    mesh = fmesh.unflatten(
+        fmesh.make_mesh({"world": NPROC}), "world", {"dp": NPROC // 2, "tp": 2}
+    )
+    expected = {axis: fmesh.group(mesh, axis, 0) for axis in mesh.axis_names}
+    assert printed == expected
+    assert f"mesh: {mesh!r}" in proc.stdout
