@@ -1,0 +1,8 @@
+"""``python -m fmesh``: the fmesh command line (see :mod:`fmesh._cli`)."""
+
+import sys
+
+from ._cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
