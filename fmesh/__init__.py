@@ -32,8 +32,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AxisNotFoundError",
     "CacheStats",
-    "Layout",
     "LaunchError",
+    "Layout",
     "Mesh",
     "MeshError",
     "MeshMismatchError",

@@ -61,6 +61,17 @@ def _coalesce(modes: Iterable[Mode]) -> tuple[Mode, ...]:
     return tuple(out)
 
 
+def _check_positive(fn: str, values: tuple[object, ...]) -> None:
+    for value in values:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(
+                f"{fn} takes ints, got {value!r} of type {type(value).__name__} "
+                f"in {values!r}"
+            )
+        if value < 1:
+            raise MeshError(f"{fn} takes sizes and steps >= 1, got {values!r}")
+
+
 def _validate_modes(shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
     if len(shape) != len(stride):
         raise MeshError(
@@ -190,9 +201,21 @@ class Layout:
     def compose(self, size: int, step: int) -> Layout:
         """``self o (size:step)``: the layout ``k -> self(k * step)`` for ``k < size``.
 
+        As in CuTe, ``step`` must divide out of the fastest modes (the step and each
+        mode size it crosses divide one another); then ``size`` takes whole modes and
+        finally part of one, so the result is exact or refused, never truncated.
+        For the row-major sizes :meth:`split` composes with, which multiply to
+        :attr:`size`, this refuses exactly the splits that are not layouts.
+
         Raises:
-            UnrepresentableSplitError: when no layout computes that function.
+            TypeError: when ``size`` or ``step`` is not an int.
+            MeshError: when ``size`` or ``step`` is below 1.
+            UnrepresentableSplitError: when the rule above fails (it does whenever
+                ``size > 1`` and ``size * step`` exceeds :attr:`size`).
         """
+        _check_positive("Layout.compose()", (size, step))
+        if size == 1:
+            return Layout((), ())  # only coordinate 0, which every layout maps to 0
         modes = list(self.modes)
         rest = step
         # Divide the step out of the fastest modes first (row-major: walk from the end).
@@ -221,13 +244,15 @@ class Layout:
             if want % m_size == 0:
                 taken.append((m_size, m_stride))
                 want //= m_size
-            elif m_size % want == 0:
+            elif want < m_size:
+                # The first `want` coordinates of this mode: they never carry.
                 taken.append((want, m_stride))
                 want = 1
             else:
                 raise UnrepresentableSplitError(
-                    f"{self!r} o ({size}:{step}) is not a layout: size {want} and "
-                    f"mode size {m_size} do not divide each other"
+                    f"{self!r} o ({size}:{step}) is not a layout: {want} more "
+                    f"coordinates are needed, which is more than mode size {m_size} "
+                    "but not a multiple of it"
                 )
         if want > 1:
             raise UnrepresentableSplitError(
@@ -242,6 +267,7 @@ class Layout:
 
         The product of ``sizes`` must equal :attr:`size`.
         """
+        _check_positive("Layout.split()", tuple(sizes))
         if math.prod(sizes) != self.size:
             raise MeshError(
                 f"cannot split layout {self!r} of size {self.size} into {tuple(sizes)}: "

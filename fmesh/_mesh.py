@@ -79,8 +79,9 @@ def _check_index_size(value: object) -> int:
     return value
 
 
-def _canonical_rank_map(value: object) -> tuple[int, ...] | None:
-    """``None`` for the identity map; validated once per tuple object otherwise."""
+def _checked_rank_map(value: object) -> tuple[int, ...] | None:
+    """Validated once per tuple object; ``Mesh`` turns an identity map into ``None``
+    after checking its length."""
     if value is None:
         return None
     if not isinstance(value, tuple):
@@ -88,8 +89,8 @@ def _canonical_rank_map(value: object) -> tuple[int, ...] | None:
             f"rank_map must be a tuple of int or None, got {type(value).__name__}; "
             "use make_mesh(..., ranks=...) or Mesh.from_ranks to pass a list or array"
         )
-    info = rank_map_info(value)
-    return None if info.is_identity else value
+    rank_map_info(value)
+    return value
 
 
 @final
@@ -116,7 +117,7 @@ class Mesh:
     index_size: int = attrs.field(converter=_check_index_size)
     """Size N of the index space the mesh tiles."""
     rank_map: tuple[int, ...] | None = attrs.field(
-        default=None, converter=_canonical_rank_map
+        default=None, converter=_checked_rank_map
     )
     """Global rank of each index; ``None`` means index == rank."""
 
@@ -134,11 +135,16 @@ class Mesh:
                 f"axes {self._axes_str()} are not a valid mesh over "
                 f"{self.index_size} indices: {err}"
             ) from None
-        if self.rank_map is not None and len(self.rank_map) != self.index_size:
-            raise MeshError(
-                f"rank_map has {len(self.rank_map)} entries but the index space has "
-                f"{self.index_size}; give one global rank per index"
-            )
+        if self.rank_map is not None:
+            if len(self.rank_map) != self.index_size:
+                raise MeshError(
+                    f"rank_map has {len(self.rank_map)} entries but the index space "
+                    f"has {self.index_size}; give one global rank per index"
+                )
+            if rank_map_info(self.rank_map).is_identity:
+                # Canonical form: the identity map is None, so equal meshes compare
+                # equal. Frozen attrs classes allow this in __attrs_post_init__.
+                object.__setattr__(self, "rank_map", None)
 
     # -- constructors ---------------------------------------------------------------
 
@@ -317,7 +323,8 @@ def make_mesh(
                 )
             flat = tuple(int(r) for r in ranks.reshape(-1))
         elif isinstance(ranks, Sequence) and not isinstance(ranks, str | bytes):
-            flat = tuple(ranks)
+            # Numpy integers (e.g. from list(array)) count as ints, as for sizes.
+            flat = tuple(int(r) if isinstance(r, np.integer) else r for r in ranks)
         else:
             raise TypeError(
                 f"ranks must be a sequence of int or an integer array, got {ranks!r}"

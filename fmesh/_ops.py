@@ -113,7 +113,7 @@ def flatten(
     if isinstance(axis_names, str) or not isinstance(axis_names, Sequence):
         raise TypeError(
             f"flatten() takes a sequence of axis names, got {axis_names!r}; write "
-            f"flatten(mesh, ({axis_names!r}, ...)) "
+            f"flatten(mesh, ({axis_names!r}, ...))"
         )
     names = tuple(axis_names)
     if not names:
@@ -277,7 +277,12 @@ def _check_rank(rank: object, fn: str) -> int:
 
 def index_of(mesh: Mesh, rank: int) -> int | None:
     """The index of global ``rank`` in the mesh's index space, or ``None``."""
-    rank = _check_rank(rank, "index_of")
+    return _index(mesh, rank, "index_of")
+
+
+def _index(mesh: Mesh, rank: object, fn: str) -> int | None:
+    # `fn` names the public function the user called, for the error message.
+    rank = _check_rank(rank, fn)
     if mesh.rank_map is None:
         return rank if rank < mesh.index_size else None
     return rank_map_info(mesh.rank_map).index_of(rank)
@@ -302,14 +307,14 @@ def coordinate(mesh: Mesh, rank: int) -> tuple[int, ...] | None:
     (1, 2)
     """
     _require_mesh(mesh, "coordinate")
-    index = index_of(mesh, rank)
+    index = _index(mesh, rank, "coordinate")
     if index is None:
         return None
     return tuple(layout.coordinate_of(index) for layout in mesh.axes)
 
 
 def _located(mesh: Mesh, rank: int, fn: str) -> int:
-    index = index_of(mesh, rank)
+    index = _index(mesh, rank, fn)
     if index is None:
         where = (
             f"ranks 0..{mesh.index_size - 1}"

@@ -1,0 +1,88 @@
+"""The public surface of fmesh, in the style of trio's ``test_exports.py``.
+
+Every public name is exported exactly once, in a form static tools see (the
+``from ._x import Name as Name`` re-export), ``__all__`` is sorted, modules other than
+the package itself are private, and public classes are final and frozen.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import pkgutil
+from pathlib import Path
+
+import attrs
+import pytest
+
+import fmesh
+
+PUBLIC = sorted(fmesh.__all__)
+# Base classes meant to be subclassed (the root of the error hierarchy).
+NOT_FINAL = {"MeshError"}
+
+
+def _static_reexports() -> list[str]:
+    """Names that fmesh/__init__.py re-exports explicitly, as a type checker sees them."""
+    tree = ast.parse(Path(fmesh.__file__).read_text())
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names += [a.name for a in node.names if a.asname == a.name]
+    return names
+
+
+def test_all_has_no_duplicates() -> None:
+    assert len(set(fmesh.__all__)) == len(fmesh.__all__)
+
+
+def test_all_is_sorted() -> None:
+    assert fmesh.__all__ == sorted(fmesh.__all__)
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_public_name_exists_and_is_exported_once(name: str) -> None:
+    assert hasattr(fmesh, name)
+    assert _static_reexports().count(name) == 1, f"{name} is not re-exported exactly once"
+    obj = getattr(fmesh, name)
+    if inspect.isclass(obj) or inspect.isfunction(obj):
+        assert obj.__module__.startswith("fmesh._"), obj.__module__
+        assert obj.__name__ == name
+
+
+def test_nothing_public_is_left_out_of_all() -> None:
+    public = {
+        n
+        for n, obj in vars(fmesh).items()
+        if not n.startswith("_") and not inspect.ismodule(obj)
+    }
+    assert public == set(fmesh.__all__)
+    # Static re-exports are exactly __all__ too (nothing re-exported by accident).
+    assert set(_static_reexports()) == set(fmesh.__all__)
+
+
+def test_modules_other_than_the_package_are_private() -> None:
+    found = list(pkgutil.iter_modules(fmesh.__path__))
+    assert found
+    for module in found:
+        assert module.name.startswith("_"), f"fmesh.{module.name} should be private"
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in PUBLIC if inspect.isclass(getattr(fmesh, n)) and n not in NOT_FINAL]
+)
+def test_public_classes_are_final(name: str) -> None:
+    cls = getattr(fmesh, name)
+    # typing.final records itself on the class (Python 3.11+), also on attrs classes.
+    assert getattr(cls, "__final__", False) is True, f"{name} is not @final"
+    example = _EXAMPLES.get(name)
+    if attrs.has(cls) and example is not None:
+        field = attrs.fields(cls)[0].name
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            setattr(example, field, getattr(example, field))
+
+
+_EXAMPLES: dict[str, object] = {
+    "Mesh": fmesh.make_mesh({"dp": 2}),
+    "Layout": fmesh.Layout.of((2,)),
+}

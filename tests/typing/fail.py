@@ -1,0 +1,45 @@
+"""Uses of fmesh's public API that ``mypy --strict`` must reject.
+
+Each line marked ``# E: <code>`` must get exactly that error and no other line may
+get one (tests/test_typing.py). Precise public types are what make these fail: were
+any of these functions typed ``Any``, the checks would pass silently.
+Excluded from the project's own mypy run; the functions are never called.
+"""
+
+from __future__ import annotations
+
+import fmesh
+
+
+def wrong_results(m: fmesh.Mesh) -> object:
+    coord: str = fmesh.coordinate(m, 0)  # E: assignment
+    members: list[int] = fmesh.group(m, "dp", 0)  # E: assignment
+    first: int = fmesh.coordinate(m, 0)[0]  # E: index
+    size: str = m.size  # E: assignment
+    rank_map: tuple[int, ...] = m.rank_map  # E: assignment
+    mesh: fmesh.Mesh = fmesh.instance(m, 0)  # E: assignment
+    values: str = fmesh.Layout.of((2,)).values()  # E: assignment
+    return coord, members, first, size, rank_map, mesh, values
+
+
+def wrong_arguments(m: fmesh.Mesh) -> None:
+    fmesh.make_mesh(3)  # E: call-overload
+    fmesh.make_mesh((2, 4))  # E: call-overload
+    fmesh.make_mesh({"dp": 2}, ("dp",))  # E: call-overload
+    fmesh.slice(m, 1)  # E: arg-type
+    fmesh.flatten(m, ("dp",), name=3)  # E: arg-type
+    fmesh.unflatten(m, "dp", [("a", 2)])  # E: arg-type
+    fmesh.rename(m, {"dp": 1})  # E: dict-item
+    fmesh.group(m, "dp")  # E: call-arg
+    fmesh.coordinate(m, "0")  # E: arg-type
+    fmesh.slice("m", "dp")  # E: arg-type
+    fmesh.Layout.of(3)  # E: arg-type
+
+
+def immutability(m: fmesh.Mesh) -> None:
+    m.axis_names = ("x",)  # E: misc
+    m.size = 3  # E: misc
+
+
+class Sub(fmesh.Mesh):  # E: misc
+    pass

@@ -1,0 +1,87 @@
+# mypy: disallow-any-expr
+"""Uses of fmesh's public API that must type-check under ``mypy --strict``.
+
+``assert_type`` pins each public result's exact type, and ``disallow-any-expr`` makes
+any ``Any`` flowing out of the public API an error here. Checked by
+tests/test_typing.py; the functions are never called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import assert_type
+
+import numpy as np
+import numpy.typing as npt
+
+import fmesh
+
+
+def meshes() -> list[fmesh.Mesh]:
+    a = fmesh.make_mesh({"dp": 2, "tp": 4})
+    b = fmesh.make_mesh((2, 4), ("dp", "tp"), ranks=[7, 6, 5, 4, 3, 2, 1, 0])
+    c = fmesh.make_mesh([2], ["x"], ranks=np.arange(2, 4))
+    d = fmesh.Mesh.from_ranks(np.arange(8).reshape(2, 4), ("dp", "tp"))
+    for mesh in (a, b, c, d):
+        assert_type(mesh, fmesh.Mesh)
+    return [a, b, c, d]
+
+
+def queries(m: fmesh.Mesh) -> int:
+    coord = fmesh.coordinate(m, 0)
+    assert_type(coord, tuple[int, ...] | None)
+    x: tuple[int, ...] | None = fmesh.coordinate(m, 0)
+    members = fmesh.group(m, "dp", 0)
+    assert_type(members, tuple[int, ...])
+    assert_type(fmesh.instance(m, 0), npt.NDArray[np.int64])
+    assert_type(fmesh.instances(m), npt.NDArray[np.int64])
+    s: int = m.size
+    assert_type(m.size, int)
+    assert_type(m.ndim, int)
+    assert_type(m.axis_names, tuple[str, ...])
+    assert_type(m.axis_sizes, tuple[int, ...])
+    assert_type(m.shape, Mapping[str, int])
+    assert_type(m.index_size, int)
+    assert_type(m.num_instances, int)
+    assert_type(m.rank_map, tuple[int, ...] | None)
+    assert_type(m.axes, tuple[fmesh.Layout, ...])
+    assert_type(m.axis_index("dp"), int)
+    first = coord[0] if coord is not None else 0
+    return first + s + len(members) + (0 if x is None else 1)
+
+
+def transformations(m: fmesh.Mesh) -> fmesh.Mesh:
+    sliced = fmesh.slice(m, "tp", "dp")
+    flat = fmesh.flatten(sliced, ("tp", "dp"))
+    named = fmesh.flatten(m, ["dp", "tp"], name="world")
+    split = fmesh.unflatten(named, "world", {"a": 2, "b": 4})
+    renamed = fmesh.rename(split, {"a": "data"})
+    for mesh in (sliced, flat, named, split, renamed):
+        assert_type(mesh, fmesh.Mesh)
+    return renamed
+
+
+def layouts() -> int:
+    layout = fmesh.Layout.of((2, 3), (6, 1))
+    assert_type(layout, fmesh.Layout)
+    assert_type(layout.values(), list[int])
+    parts = layout.split((2, 3))
+    assert_type(parts, tuple[fmesh.Layout, ...])
+    assert_type(layout.compose(2, 3), fmesh.Layout)
+    assert_type(layout.complement(24), fmesh.Layout)
+    assert_type(fmesh.Layout.concat(parts), fmesh.Layout)
+    assert_type(layout.modes, tuple[tuple[int, int], ...])
+    assert_type(layout.shape, tuple[int, ...])
+    assert_type(layout(3), int)
+    return layout.size + layout.cosize
+
+
+def errors(m: fmesh.Mesh) -> str:
+    try:
+        fmesh.group(m, "pp", 0)
+    except fmesh.AxisNotFoundError as err:
+        assert_type(err, fmesh.AxisNotFoundError)
+        return str(err)
+    except fmesh.MeshError as err:
+        return str(err)
+    return ""
