@@ -334,8 +334,7 @@ def _handshake(
                         f"#{call}: rank {rank} realizes {summary}, rank {peer} "
                         f"realizes {their_summary}. {_MISMATCH_HELP}"
                     )
-                    # Tell group peers why this rank will not join their groups.
-                    store.set(f"{prefix}failed/{rank}", message)
+                    _record_failure(store, prefix, rank, message)
                     raise MeshMismatchError(message)
             else:
                 still.append((peer, key))
@@ -343,23 +342,57 @@ def _handshake(
         if pending:
             if time.monotonic() > deadline:
                 late = [p for p, _ in pending]
-                store.set(f"{prefix}failed/{rank}", f"ranks {late} never arrived")
-                raise MeshMismatchError(
+                message = (
                     f"rank {rank} waited {timeout.total_seconds():g}s at realize call "
                     f"#{call} ({summary}) but ranks {late} in its groups never called "
                     f"realize that many times. {_MISMATCH_HELP}"
                 )
+                _record_failure(store, prefix, rank, message)
+                raise MeshMismatchError(message)
             time.sleep(0.005)
 
 
-def _diagnose(members: tuple[int, ...], me: int, err: Exception) -> Exception:
-    """Explain a failed group creation by the members' handshake records."""
+def _record_failure(store: Any, prefix: str, rank: int, message: str) -> None:
+    """Tell the other ranks why this rank will not join their groups.
+
+    Two records: one under this rank (for its group peers) and one for the whole
+    call, so a rank stuck behind a peer that is itself stuck behind the failed rank
+    (a chain of group creations) still learns the cause in O(1).
+    """
+    store.set(f"{prefix}failed/{rank}", message)
+    store.set(f"{prefix}failed", f"rank {rank}: {message}")
+
+
+def _diagnose(
+    members: tuple[int, ...], me: int, err: Exception, grace: float
+) -> Exception:
+    """Explain a failed group creation by the handshake records of this call.
+
+    A peer that failed the mesh check records why within the check timeout, which can
+    end a moment after this rank's creation timeout; so wait up to ``grace`` seconds
+    for a record before giving up and returning torch's own error.
+    """
     from torch.distributed import distributed_c10d as c10d
 
     if _state.check is None:
         return err
-    prefix, digest, summary = _state.check
     store = c10d._get_default_store()
+    deadline = time.monotonic() + grace
+    while True:
+        found = _diagnose_once(store, _state.check, members, me, err)
+        if found is not None or time.monotonic() >= deadline:
+            return err if found is None else found
+        time.sleep(0.05)
+
+
+def _diagnose_once(
+    store: Any,
+    check: tuple[str, str, str],
+    members: tuple[int, ...],
+    me: int,
+    err: Exception,
+) -> MeshMismatchError | None:
+    prefix, digest, summary = check
     absent: list[int] = []
     for peer in members:
         if peer == me:
@@ -369,7 +402,7 @@ def _diagnose(members: tuple[int, ...], me: int, err: Exception) -> Exception:
         if store.check([failed]):
             return MeshMismatchError(
                 f"creating the group {list(members)} failed on rank {me} because "
-                f"rank {peer} stopped at the mesh check: "
+                f"rank {peer} gave up on this realize call: "
                 f"{store.get(failed).decode()} (torch said: {err})"
             )
         if not store.check([key]):
@@ -389,7 +422,14 @@ def _diagnose(members: tuple[int, ...], me: int, err: Exception) -> Exception:
             f"never reached this realize call ({summary}). {_MISMATCH_HELP} "
             f"(torch said: {err})"
         )
-    return err
+    if store.check([f"{prefix}failed"]):
+        # The members are stuck behind another rank that failed the check.
+        return MeshMismatchError(
+            f"creating the group {list(members)} failed on rank {me} while realizing "
+            f"{summary}, because another rank stopped at the mesh check: "
+            f"{store.get(f'{prefix}failed').decode()} (torch said: {err})"
+        )
+    return None
 
 
 def _group_name(ranks: tuple[int, ...], backend: str, options_id: int) -> str:
@@ -433,9 +473,15 @@ def _new_group(
             device_id=default_pg.bound_device_id,
         )
     except Exception as err:  # a peer that never joins shows up as a store timeout
-        diagnosis = _diagnose(ranks, me, err)
+        check = timeout if timeout is not None else DEFAULT_CHECK_TIMEOUT
+        diagnosis = _diagnose(ranks, me, err, min(check.total_seconds(), 30.0))
         if diagnosis is err:
             raise
+        if _state.check is not None:
+            # Ranks waiting on this one in later groups learn why it never came.
+            c10d._get_default_store().set(
+                f"{_state.check[0]}failed/{me}", str(diagnosis)
+            )
         raise diagnosis from err
     if me not in ranks:
         return None
@@ -503,9 +549,11 @@ def realize(
             raise TypeError(f"realize() backend must be a str, got {b!r}")
     options_in = _per_axis(options, mesh, "options")
 
-    _ensure_default_group()
     start = time.perf_counter()
     with _state.lock:
+        # Under the lock: threads racing to the first realize must not each
+        # initialize the world.
+        _ensure_default_group()
         world_pg = c10d._get_default_group()
         if _state.world is not world_pg:
             if _state.world is not None:
@@ -531,10 +579,12 @@ def realize(
         )
         if not fake_world and world > 1:
             summary = f"{mesh!r} with backends {dict(zip(mesh.axis_names, backends))}"
-            _handshake(
-                mesh, me, digest, summary, timeout or DEFAULT_CHECK_TIMEOUT
-            )
-        _state.calls += 1
+            try:
+                _handshake(mesh, me, digest, summary, timeout or DEFAULT_CHECK_TIMEOUT)
+            finally:
+                _state.calls += 1  # keep call numbers aligned even after a failure
+        else:
+            _state.calls += 1
 
         coord = coordinate(mesh, me)
         eager_split = getattr(world_pg, "bound_device_id", None) is not None
@@ -619,7 +669,13 @@ def _axis_group(
     _state.group_memo[(members, backend, options_id)] = pg
     _state.created_pgs.append(pg)
     _state.created += 1
-    logger.debug("fmesh: created group %s %s (%s)", desc, members, backend)
+    logger.debug(
+        "fmesh: created group %s of %d ranks %s (%s)",
+        desc,
+        len(members),
+        list(members) if len(members) <= 16 else f"[{members[0]}, ..., {members[-1]}]",
+        backend,
+    )
     return pg, 1
 
 

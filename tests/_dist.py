@@ -1,0 +1,227 @@
+"""Run a function on several local processes, torchrun-style, and collect results.
+
+The realize tests need real process groups, which are process-global, so every job
+runs in fresh processes:
+
+* workers are forked from a ``forkserver`` that has imported torch once, so a job of
+  8 ranks does not pay 8 torch imports (the machine may have 2 cores);
+* each worker gets the torchrun environment (``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and lets ``fmesh.realize``
+  initialize gloo itself;
+* the rendezvous store is hosted here, in the parent, on a port the OS picked (as
+  torchrun's agent does, ``TORCHELASTIC_USE_AGENT_STORE``), so there is no port to
+  guess and no race for one;
+* each worker writes its return value or its exception to a file; the parent waits
+  with a deadline, kills whatever is left, and reports every rank.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+import os
+import pickle
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Job", "Outcome", "run_spawn"]
+
+_PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "numpy", "fmesh"]
+_ctx: multiprocessing.context.ForkServerContext | None = None
+
+
+def _context() -> multiprocessing.context.ForkServerContext:
+    global _ctx
+    if _ctx is None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        _ctx = ctx
+    return _ctx
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one rank reported."""
+
+    rank: int
+    value: Any = None
+    """The worker function's return value (when it returned)."""
+    error: str | None = None
+    """Class name of the exception it raised, if it raised."""
+    error_mro: tuple[str, ...] = ()
+    """Names of the exception's classes, most derived first."""
+    message: str = ""
+    traceback: str = ""
+    hung: bool = False
+    """The rank neither returned nor raised before the deadline (it was killed)."""
+    exitcode: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.hung
+
+
+@dataclass(frozen=True)
+class Job:
+    """The outcome of every rank of one job."""
+
+    outcomes: tuple[Outcome, ...]
+    elapsed: float
+    """Wall-clock seconds from the first start to the last exit."""
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        lines = [f"job took {self.elapsed:.1f}s"]
+        for o in self.outcomes:
+            if o.hung:
+                lines.append(f"rank {o.rank}: HUNG (killed at the deadline)")
+            elif o.error is not None:
+                lines.append(f"rank {o.rank}: {o.error}: {o.message}\n{o.traceback}")
+            else:
+                lines.append(f"rank {o.rank}: ok")
+        return "\n".join(lines)
+
+    def values(self) -> list[Any]:
+        """Every rank's return value; fails the test with all reports otherwise."""
+        if not all(o.ok for o in self.outcomes):
+            raise AssertionError("a rank failed:\n" + self.describe())
+        return [o.value for o in self.outcomes]
+
+
+def _worker(
+    fn: Callable[..., Any],
+    rank: int,
+    world: int,
+    env: dict[str, str],
+    drop_env: Sequence[str],
+    out: str,
+    args: tuple[Any, ...],
+) -> None:
+    for key in drop_env:
+        os.environ.pop(key, None)
+    os.environ.update(env)
+    report: dict[str, Any]
+    try:
+        value = fn(rank, world, *args)
+        report = {"value": value}
+    except BaseException as err:  # report everything; the parent decides
+        report = {
+            "error": type(err).__name__,
+            "error_mro": tuple(c.__name__ for c in type(err).__mro__),
+            "message": str(err),
+            "traceback": traceback.format_exc(),
+        }
+    tmp = Path(out + ".tmp")
+    tmp.write_bytes(pickle.dumps(report))
+    tmp.rename(out)
+    # Skip interpreter teardown: process-group destructors may wait on peers that
+    # have already gone, and the parent has what it needs.
+    os._exit(0)
+
+
+_LAUNCH_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
+
+
+def run_spawn(
+    fn: Callable[..., Any],
+    world: int,
+    *args: Any,
+    timeout: float = 90.0,
+    tmp_path: Path,
+    launch_env: bool = True,
+) -> Job:
+    """Run ``fn(rank, world, *args)`` on ``world`` fresh processes and collect results.
+
+    ``fn`` must be a module-level function (it is pickled by reference) and return
+    something picklable. With ``launch_env`` the workers see the torchrun variables
+    for a world of ``world`` ranks; without it those variables are removed, so the
+    worker starts with no launcher at all. Ranks still running after ``timeout``
+    seconds are killed and reported as hung.
+    """
+    from torch._C._distributed_c10d import TCPStore
+
+    if not 1 <= world <= 8:
+        raise ValueError(f"run_spawn keeps jobs small: world must be 1..8, got {world}")
+    ctx = _context()
+    store = None
+    env: dict[str, str] = {}
+    if launch_env:
+        # The agent's store: every rank connects to it as a client.
+        store = TCPStore(
+            "127.0.0.1", 0, world, is_master=True, wait_for_workers=False
+        )
+        env = {
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world),
+            "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+        }
+        if "GLOO_SOCKET_IFNAME" not in os.environ:
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    outs = [str(tmp_path / f"rank{r}.pkl") for r in range(world)]
+    procs = []
+    start = time.monotonic()
+    for rank in range(world):
+        rank_env = dict(env)
+        if launch_env:
+            rank_env["RANK"] = rank_env["LOCAL_RANK"] = str(rank)
+        proc = ctx.Process(
+            target=_worker,
+            args=(fn, rank, world, rank_env, _LAUNCH_VARS, outs[rank], args),
+            daemon=True,
+        )
+        proc.start()
+        procs.append(proc)
+    deadline = start + timeout
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    hung = [p.is_alive() for p in procs]
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+    elapsed = time.monotonic() - start
+    del store
+    outcomes = []
+    for rank, (proc, path) in enumerate(zip(procs, outs, strict=True)):
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                report: dict[str, Any] = pickle.load(f)
+            outcomes.append(
+                Outcome(
+                    rank=rank,
+                    value=report.get("value"),
+                    error=report.get("error"),
+                    error_mro=report.get("error_mro", ()),
+                    message=report.get("message", ""),
+                    traceback=report.get("traceback", ""),
+                    exitcode=proc.exitcode,
+                )
+            )
+        else:
+            outcomes.append(
+                Outcome(
+                    rank=rank,
+                    error=None if hung[rank] else "NoReport",
+                    message="" if hung[rank] else f"exit code {proc.exitcode}",
+                    hung=hung[rank],
+                    exitcode=proc.exitcode,
+                )
+            )
+    return Job(outcomes=tuple(outcomes), elapsed=elapsed)
