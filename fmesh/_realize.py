@@ -33,7 +33,7 @@ import threading
 import time
 import types
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, final
 
 import attrs
 
@@ -45,6 +45,7 @@ from ._rankmap import rank_map_info
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Backend as C10dBackend
+    from torch._C._distributed_c10d import Store
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -173,9 +174,9 @@ class _State:
     world: object | None = None  # the default group the memo belongs to
     generation: int = 0
     calls: int = 0
-    axis_memo: dict[tuple[object, ...], Any] = attrs.field(factory=dict)
-    group_memo: dict[tuple[object, ...], Any] = attrs.field(factory=dict)
-    created_pgs: list[Any] = attrs.field(factory=list)
+    axis_memo: dict[tuple[object, ...], ProcessGroup | None] = attrs.field(factory=dict)
+    group_memo: dict[tuple[object, ...], ProcessGroup] = attrs.field(factory=dict)
+    created_pgs: list[ProcessGroup] = attrs.field(factory=list)
     options_ids: dict[int, tuple[object, int]] = attrs.field(factory=dict)
     created: int = 0
     reused: int = 0
@@ -352,7 +353,7 @@ def _handshake(
             time.sleep(0.005)
 
 
-def _record_failure(store: Any, prefix: str, rank: int, message: str) -> None:
+def _record_failure(store: Store, prefix: str, rank: int, message: str) -> None:
     """Tell the other ranks why this rank will not join their groups.
 
     Two records: one under this rank (for its group peers) and one for the whole
@@ -386,7 +387,7 @@ def _diagnose(
 
 
 def _diagnose_once(
-    store: Any,
+    store: Store,
     check: tuple[str, str, str],
     members: tuple[int, ...],
     me: int,
