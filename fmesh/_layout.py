@@ -194,7 +194,7 @@ class Layout:
         mode's digit is ``index // stride % size``); O(number of modes).
         """
         coord = 0
-        for size, stride in self.modes:
+        for size, stride in zip(self.shape, self.stride):
             coord = coord * size + (index // stride) % size
         return coord
 

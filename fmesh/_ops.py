@@ -268,6 +268,8 @@ def rename(mesh: Mesh, names: Mapping[str, str]) -> Mesh:
 
 
 def _check_rank(rank: object, fn: str) -> int:
+    if type(rank) is int and rank >= 0:  # the common case, checked cheaply
+        return rank
     if isinstance(rank, bool) or not isinstance(rank, int | np.integer):
         raise TypeError(f"{fn}() rank must be int, got {rank!r}")
     if rank < 0:
@@ -310,7 +312,7 @@ def coordinate(mesh: Mesh, rank: int) -> tuple[int, ...] | None:
     index = _index(mesh, rank, "coordinate")
     if index is None:
         return None
-    return tuple(layout.coordinate_of(index) for layout in mesh.axes)
+    return tuple([layout.coordinate_of(index) for layout in mesh.axes])
 
 
 def _located(mesh: Mesh, rank: int, fn: str) -> int:
