@@ -321,36 +321,28 @@ def _handshake(
     if not peers:
         return
     keys = [prefix + str(p) for p in peers]
-    deadline = time.monotonic() + timeout.total_seconds()
-    pending = list(zip(peers, keys, strict=True))
-    while pending:
-        still = []
-        for peer, key in pending:
-            if store.check([key]):
-                theirs = store.get(key).decode()
-                their_digest, _, their_summary = theirs.partition("\n")
-                if their_digest != digest:
-                    message = (
-                        f"rank {rank} and rank {peer} disagree at realize call "
-                        f"#{call}: rank {rank} realizes {summary}, rank {peer} "
-                        f"realizes {their_summary}. {_MISMATCH_HELP}"
-                    )
-                    _record_failure(store, prefix, rank, message)
-                    raise MeshMismatchError(message)
-            else:
-                still.append((peer, key))
-        pending = still
-        if pending:
-            if time.monotonic() > deadline:
-                late = [p for p, _ in pending]
-                message = (
-                    f"rank {rank} waited {timeout.total_seconds():g}s at realize call "
-                    f"#{call} ({summary}) but ranks {late} in its groups never called "
-                    f"realize that many times. {_MISMATCH_HELP}"
-                )
-                _record_failure(store, prefix, rank, message)
-                raise MeshMismatchError(message)
-            time.sleep(0.005)
+    try:
+        store.wait(keys, timeout)
+    except Exception:  # DistStoreError: some neighbour never reached this call
+        late = [p for p, k in zip(peers, keys, strict=True) if not store.check([k])]
+        if late:
+            message = (
+                f"rank {rank} waited {timeout.total_seconds():g}s at realize call "
+                f"#{call} ({summary}) but ranks {late} in its groups never called "
+                f"realize that many times. {_MISMATCH_HELP}"
+            )
+            _record_failure(store, prefix, rank, message)
+            raise MeshMismatchError(message) from None
+    for peer, raw in zip(peers, store.multi_get(keys), strict=True):
+        their_digest, _, their_summary = raw.decode().partition("\n")
+        if their_digest != digest:
+            message = (
+                f"rank {rank} and rank {peer} disagree at realize call "
+                f"#{call}: rank {rank} realizes {summary}, rank {peer} "
+                f"realizes {their_summary}. {_MISMATCH_HELP}"
+            )
+            _record_failure(store, prefix, rank, message)
+            raise MeshMismatchError(message)
 
 
 def _record_failure(store: Store, prefix: str, rank: int, message: str) -> None:
@@ -578,7 +570,13 @@ def realize(
             backends,
             opt_ids,
         )
-        if not fake_world and world > 1:
+        cached = all(
+            (layout, mesh.index_size, rmap_key, b, o) in _state.axis_memo
+            for layout, b, o in zip(mesh.axes, backends, opt_ids)
+        )
+        # The check guards group creation; a fully memoized mesh creates nothing
+        # (and every rank that realized the same calls knows it), so skip the trip.
+        if not fake_world and world > 1 and not cached:
             summary = f"{mesh!r} with backends {dict(zip(mesh.axis_names, backends))}"
             try:
                 _handshake(mesh, me, digest, summary, timeout or DEFAULT_CHECK_TIMEOUT)
@@ -636,31 +634,27 @@ def _axis_group(
 
     members = group(mesh, name, me) if coord is not None else None
     world_collective = eager_split and layout.size > 1 and not fake_world
+    if layout.size == 1:
+        # One member: nothing to communicate, so no NCCL communicator; DTensor skips
+        # collectives on size-1 mesh dims but still needs a group per dimension.
+        backend, options, options_id = ("fake" if fake_world else "gloo"), None, 0
     if members is not None and not world_collective:
-        gkey = (members, backend, options_id)
-        pg = _state.group_memo.get(gkey)
+        pg = _state.group_memo.get((members, backend, options_id))
         if pg is not None:
             _state.reused += 1
             _state.axis_memo[axis_key] = pg
             return pg, 0
 
     desc = f"fmesh:{name}"
-    if layout.size == 1:
-        # One member: nothing to communicate, so no NCCL communicator; DTensor skips
-        # collectives on size-1 mesh dims but still needs a group per dimension.
-        cheap = "fake" if fake_world else "gloo"
-        pg = (
-            _new_group(members, me, cheap, None, timeout, _group_name(members, cheap, 0),
-                       desc)
-            if members is not None
-            else None
+    if world_collective:
+        pg = _split(
+            mesh, name, layout, me, members, backend, options, options_id, timeout, desc
         )
-    elif world_collective:
-        pg = _split(mesh, name, layout, me, members, backend, options, options_id,
-                    timeout, desc)
     elif members is not None:
-        pg = _new_group(members, me, backend, options, timeout,
-                        _group_name(members, backend, options_id), desc)
+        pg = _new_group(
+            members, me, backend, options, timeout,
+            _group_name(members, backend, options_id), desc,
+        )
     else:
         pg = None
 
