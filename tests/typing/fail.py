@@ -43,3 +43,12 @@ def immutability(m: fmesh.Mesh) -> None:
 
 class Sub(fmesh.Mesh):  # E: misc
     pass
+
+
+def realize_misuse(m: fmesh.Mesh) -> None:
+    fmesh.realize(m, backend=3)  # E: arg-type
+    fmesh.realize(m, timeout=5.0)  # E: arg-type
+    fmesh.realize(m, "gloo")  # E: call-arg
+    r = fmesh.realize(m)
+    r.coordinate = (0,)  # E: misc
+    name: str = r.local_rank("dp")  # E: assignment

@@ -85,3 +85,24 @@ def errors(m: fmesh.Mesh) -> str:
     except fmesh.MeshError as err:
         return str(err)
     return ""
+
+
+def realized(m: fmesh.Mesh) -> int:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
+
+    r = fmesh.realize(m, backend={"tp": "gloo"}, timeout=None)
+    assert_type(r, fmesh.RealizedMesh)
+    assert_type(r.mesh, fmesh.Mesh)
+    assert_type(r.rank, int)
+    assert_type(r.coordinate, tuple[int, ...] | None)
+    assert_type(r.group("dp"), ProcessGroup)
+    assert_type(r.groups, Mapping[str, ProcessGroup])
+    assert_type(r.local_rank("dp"), int)
+    assert_type(r.to_device_mesh("cpu"), DeviceMesh)
+    assert_type(fmesh.from_device_mesh(r.to_device_mesh()), fmesh.Mesh)
+    stats = fmesh.cache_stats()
+    assert_type(stats, fmesh.CacheStats)
+    assert_type(stats.created, int)
+    fmesh.destroy()
+    return stats.reused + r.rank
