@@ -19,8 +19,8 @@ How groups are made, per axis of the mesh, for the calling rank only:
   itself, not from how many groups a process happens to hold, so members agree.
 * Size-1 axes get a one-member gloo (or fake) group: no NCCL communicator.
 * Before creating anything, ranks compare a digest of what they are realizing with
-  their group neighbours through the store, so a mismatched mesh fails fast with a
-  :class:`~fmesh.MeshMismatchError` instead of hanging.
+  their group neighbours through the store (``_check.py``), so a mismatched mesh
+  fails fast with a :class:`~fmesh.MeshMismatchError` instead of hanging.
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
-from ._errors import LaunchError, MeshError, MeshMismatchError
+from ._check import CallRecord, compare_with_neighbours, diagnose
+from ._errors import LaunchError, MeshError
 from ._layout import Layout
 from ._mesh import Mesh
-from ._ops import axis_position, coordinate, group, index_of, instance, rank_of
+from ._ops import axis_position, coordinate, group, instance, rank_of
 from ._rankmap import rank_map_info
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Backend as C10dBackend
-    from torch._C._distributed_c10d import Store
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -75,12 +75,6 @@ and MASTER_PORT for every process, e.g.
 
 or call torch.distributed.init_process_group(...) yourself before realize()."""
 
-_MISMATCH_HELP = (
-    "Every rank must call fmesh.realize() with the same mesh, backend and options, "
-    "in the same order (SPMD). Check for rank-dependent mesh construction (e.g. sizes "
-    "computed from the local device count) and for realize() calls made on some "
-    "ranks only."
-)
 
 
 # -- public values ----------------------------------------------------------------------
@@ -180,7 +174,7 @@ class _State:
     options_ids: dict[int, tuple[object, int]] = attrs.field(factory=dict)
     created: int = 0
     reused: int = 0
-    check: tuple[str, str, str] | None = None  # (store prefix, digest, summary)
+    check: CallRecord | None = None  # what this rank published for its last call
 
     def reset(self) -> None:
         self.axis_memo.clear()
@@ -289,142 +283,6 @@ def _digest(*parts: object) -> str:
     return hashlib.sha1(repr(parts).encode(), usedforsecurity=False).hexdigest()
 
 
-def _neighbours(mesh: Mesh, rank: int) -> list[int]:
-    """This rank's predecessor and successor along every axis (O(ndim))."""
-    index = index_of(mesh, rank)
-    if index is None:
-        return []
-    out: set[int] = set()
-    for layout in mesh.axes:
-        if layout.size == 1:
-            continue
-        c = layout.coordinate_of(index)
-        base = index - layout(c)
-        for step in (1, -1):
-            out.add(rank_of(mesh, base + layout((c + step) % layout.size)))
-    out.discard(rank)
-    return sorted(out)
-
-
-def _handshake(
-    mesh: Mesh, rank: int, digest: str, summary: str, timeout: datetime.timedelta
-) -> None:
-    """Compare what this rank realizes with its neighbours; raise on a mismatch."""
-    from torch.distributed import distributed_c10d as c10d
-
-    store = c10d._get_default_store()
-    call = _state.calls
-    prefix = f"fmesh/{_state.generation}/realize/{call}/"
-    store.set(prefix + str(rank), f"{digest}\n{summary}")
-    _state.check = (prefix, digest, summary)
-    peers = _neighbours(mesh, rank)
-    if not peers:
-        return
-    keys = [prefix + str(p) for p in peers]
-    try:
-        store.wait(keys, timeout)
-    except Exception:  # DistStoreError: some neighbour never reached this call
-        late = [p for p, k in zip(peers, keys, strict=True) if not store.check([k])]
-        if late:
-            message = (
-                f"rank {rank} waited {timeout.total_seconds():g}s at realize call "
-                f"#{call} ({summary}) but ranks {late} in its groups never called "
-                f"realize that many times. {_MISMATCH_HELP}"
-            )
-            _record_failure(store, prefix, rank, message)
-            raise MeshMismatchError(message) from None
-    for peer, raw in zip(peers, store.multi_get(keys), strict=True):
-        their_digest, _, their_summary = raw.decode().partition("\n")
-        if their_digest != digest:
-            message = (
-                f"rank {rank} and rank {peer} disagree at realize call "
-                f"#{call}: rank {rank} realizes {summary}, rank {peer} "
-                f"realizes {their_summary}. {_MISMATCH_HELP}"
-            )
-            _record_failure(store, prefix, rank, message)
-            raise MeshMismatchError(message)
-
-
-def _record_failure(store: Store, prefix: str, rank: int, message: str) -> None:
-    """Tell the other ranks why this rank will not join their groups.
-
-    Two records: one under this rank (for its group peers) and one for the whole
-    call, so a rank stuck behind a peer that is itself stuck behind the failed rank
-    (a chain of group creations) still learns the cause in O(1).
-    """
-    store.set(f"{prefix}failed/{rank}", message)
-    store.set(f"{prefix}failed", f"rank {rank}: {message}")
-
-
-def _diagnose(
-    members: tuple[int, ...], me: int, err: Exception, grace: float
-) -> Exception:
-    """Explain a failed group creation by the handshake records of this call.
-
-    A peer that failed the mesh check records why within the check timeout, which can
-    end a moment after this rank's creation timeout; so wait up to ``grace`` seconds
-    for a record before giving up and returning torch's own error.
-    """
-    from torch.distributed import distributed_c10d as c10d
-
-    if _state.check is None:
-        return err
-    store = c10d._get_default_store()
-    deadline = time.monotonic() + grace
-    while True:
-        found = _diagnose_once(store, _state.check, members, me, err)
-        if found is not None or time.monotonic() >= deadline:
-            return err if found is None else found
-        time.sleep(0.05)
-
-
-def _diagnose_once(
-    store: Store,
-    check: tuple[str, str, str],
-    members: tuple[int, ...],
-    me: int,
-    err: Exception,
-) -> MeshMismatchError | None:
-    prefix, digest, summary = check
-    absent: list[int] = []
-    for peer in members:
-        if peer == me:
-            continue
-        key = prefix + str(peer)
-        failed = f"{prefix}failed/{peer}"
-        if store.check([failed]):
-            return MeshMismatchError(
-                f"creating the group {list(members)} failed on rank {me} because "
-                f"rank {peer} gave up on this realize call: "
-                f"{store.get(failed).decode()} (torch said: {err})"
-            )
-        if not store.check([key]):
-            absent.append(peer)
-            continue
-        their_digest, _, their_summary = store.get(key).decode().partition("\n")
-        if their_digest != digest:
-            return MeshMismatchError(
-                f"creating the group {list(members)} failed on rank {me} because "
-                f"rank {peer} realizes a different mesh at the same call: rank {me} "
-                f"realizes {summary}, rank {peer} realizes {their_summary}. "
-                f"{_MISMATCH_HELP} (torch said: {err})"
-            )
-    if absent:
-        return MeshMismatchError(
-            f"creating the group {list(members)} failed on rank {me}: ranks {absent} "
-            f"never reached this realize call ({summary}). {_MISMATCH_HELP} "
-            f"(torch said: {err})"
-        )
-    if store.check([f"{prefix}failed"]):
-        # The members are stuck behind another rank that failed the check.
-        return MeshMismatchError(
-            f"creating the group {list(members)} failed on rank {me} while realizing "
-            f"{summary}, because another rank stopped at the mesh check: "
-            f"{store.get(f'{prefix}failed').decode()} (torch said: {err})"
-        )
-    return None
-
-
 def _group_name(ranks: tuple[int, ...], backend: str, options_id: int) -> str:
     body = ",".join(map(str, ranks))
     h = _digest(ranks[0], len(ranks), body, backend, options_id)[:20]
@@ -466,15 +324,16 @@ def _new_group(
             device_id=default_pg.bound_device_id,
         )
     except Exception as err:  # a peer that never joins shows up as a store timeout
-        check = timeout if timeout is not None else DEFAULT_CHECK_TIMEOUT
-        diagnosis = _diagnose(ranks, me, err, min(check.total_seconds(), 30.0))
+        record = _state.check
+        if record is None:
+            raise
+        store = c10d._get_default_store()
+        grace = (timeout if timeout is not None else DEFAULT_CHECK_TIMEOUT).total_seconds()
+        diagnosis = diagnose(store, record, ranks, me, err, min(grace, 30.0))
         if diagnosis is err:
             raise
-        if _state.check is not None:
-            # Ranks waiting on this one in later groups learn why it never came.
-            c10d._get_default_store().set(
-                f"{_state.check[0]}failed/{me}", str(diagnosis)
-            )
+        # Ranks waiting on this one in later groups learn why it never came.
+        store.set(f"{record.prefix}failed/{me}", str(diagnosis))
         raise diagnosis from err
     if me not in ranks:
         return None
@@ -577,9 +436,21 @@ def realize(
         # The check guards group creation; a fully memoized mesh creates nothing
         # (and every rank that realized the same calls knows it), so skip the trip.
         if not fake_world and world > 1 and not cached:
-            summary = f"{mesh!r} with backends {dict(zip(mesh.axis_names, backends))}"
+            record = CallRecord(
+                prefix=f"fmesh/{_state.generation}/realize/{_state.calls}/",
+                call=_state.calls,
+                digest=digest,
+                summary=f"{mesh!r} with backends {dict(zip(mesh.axis_names, backends))}",
+            )
+            _state.check = record
             try:
-                _handshake(mesh, me, digest, summary, timeout or DEFAULT_CHECK_TIMEOUT)
+                compare_with_neighbours(
+                    c10d._get_default_store(),
+                    record,
+                    mesh,
+                    me,
+                    timeout or DEFAULT_CHECK_TIMEOUT,
+                )
             finally:
                 _state.calls += 1  # keep call numbers aligned even after a failure
         else:
