@@ -55,7 +55,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 HERE = Path(__file__).resolve().parent
 NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -215,6 +218,27 @@ def deep_size(root: object) -> int:
 # -- workers (each runs in its own subprocess) --------------------------------------------
 
 
+def torch_mesh_without_groups(
+    world: int, shape: tuple[int, ...], names: tuple[str, ...]
+) -> DeviceMesh:
+    """torch's DeviceMesh over ranks 0..world-1 with no process groups.
+
+    This is what ``init_device_mesh`` builds before it creates groups (private
+    constructor arguments, as ``init_device_mesh`` itself uses them).
+    """
+    import torch
+    from torch.distributed._mesh_layout import _MeshLayout
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh(
+        "cpu",
+        _layout=_MeshLayout.from_sizes_strides(shape),
+        _rank_map=torch.arange(world, dtype=torch.int),
+        mesh_dim_names=names,
+        _init_backend=False,
+    )
+
+
 def init_fake(world: int) -> None:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -274,9 +298,7 @@ def worker_pure(spec: Json) -> Json:
     fm = fmesh.make_mesh(sizes)
     fworld = fmesh.make_mesh({"world": world})
 
-    import torch
-    from torch.distributed._mesh_layout import _MeshLayout
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.device_mesh import init_device_mesh
 
     init_fake(world)
     preload_lazy_imports()
@@ -284,23 +306,11 @@ def worker_pure(spec: Json) -> Json:
     dm = init_device_mesh("cpu", shape, mesh_dim_names=NAMES)
     build_s = time.perf_counter() - start
     dm_dp = dm["dp_replicate", "dp_shard"]
-    dm_world = DeviceMesh(
-        "cpu",
-        _layout=_MeshLayout.from_sizes_strides((world,)),
-        _rank_map=torch.arange(world, dtype=torch.int),
-        mesh_dim_names=("world",),
-        _init_backend=False,
-    )
+    dm_world = torch_mesh_without_groups(world, (world,), ("world",))
     fresh = itertools.count()
 
     def torch_construct() -> object:
-        return DeviceMesh(
-            "cpu",
-            _layout=_MeshLayout.from_sizes_strides(shape),
-            _rank_map=torch.arange(world, dtype=torch.int),
-            mesh_dim_names=NAMES,
-            _init_backend=False,
-        )
+        return torch_mesh_without_groups(world, shape, NAMES)
 
     ops: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
         ("construct", lambda: fmesh.make_mesh(sizes), torch_construct),
@@ -515,20 +525,11 @@ def worker_memory(spec: Json) -> Json:
     world: int = spec["world"]
     shape = tuple(spec["shape"])
     sizes = dict(zip(NAMES, shape, strict=True))
-    import torch
-    from torch.distributed._mesh_layout import _MeshLayout
-    from torch.distributed.device_mesh import DeviceMesh
 
     init_fake(world)
 
     def torch_mesh() -> object:
-        return DeviceMesh(
-            "cpu",
-            _layout=_MeshLayout.from_sizes_strides(shape),
-            _rank_map=torch.arange(world, dtype=torch.int),
-            mesh_dim_names=NAMES,
-            _init_backend=False,
-        )
+        return torch_mesh_without_groups(world, shape, NAMES)
 
     def fmesh_mesh() -> object:
         return fmesh.make_mesh(sizes)

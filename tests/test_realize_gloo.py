@@ -171,21 +171,7 @@ def axes_job(rank: int, world: int) -> dict[str, Any]:
 
     # Several threads realize the same new mesh at once.
     tm = thread_mesh()
-    barrier = threading.Barrier(THREADS)
-    results: list[fmesh.RealizedMesh | BaseException] = [RuntimeError("not run")] * THREADS
-
-    def worker(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = fmesh.realize(tm, timeout=datetime.timedelta(seconds=30))
-        except BaseException as err:
-            results[i] = err
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    results = _realize_from_threads(tm, datetime.timedelta(seconds=30))
     errors = [repr(r) for r in results if isinstance(r, BaseException)]
     out["threads_errors"] = errors
     if not errors:
@@ -360,21 +346,7 @@ def test_threads_create_each_group_once(axes: list[dict[str, Any]]) -> None:
 def first_realize_threads_job(rank: int, world: int) -> dict[str, Any]:
     """The very first realize, from several threads: one of them sets up the world."""
     mesh = fmesh.make_mesh({"dp": 2, "tp": world // 2})
-    barrier = threading.Barrier(THREADS)
-    results: list[fmesh.RealizedMesh | BaseException] = [RuntimeError("not run")] * THREADS
-
-    def worker(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = fmesh.realize(mesh, timeout=datetime.timedelta(seconds=20))
-        except BaseException as err:
-            results[i] = err
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    results = _realize_from_threads(mesh, datetime.timedelta(seconds=20))
     errors = [repr(r) for r in results if isinstance(r, BaseException)]
     if errors:
         return {"errors": errors}
@@ -694,3 +666,25 @@ def test_launch_error_without_torchrun(tmp_path: Path) -> None:
     missing = message.split("variables ", 1)[1].split(" are not set", 1)[0]
     assert missing == "MASTER_ADDR, MASTER_PORT"
     assert out["initialized_after"] is False
+
+
+def _realize_from_threads(
+    mesh: fmesh.Mesh, timeout: datetime.timedelta
+) -> list[fmesh.RealizedMesh | BaseException]:
+    """Realize ``mesh`` from THREADS threads released at once; each one's outcome."""
+    barrier = threading.Barrier(THREADS)
+    results: list[fmesh.RealizedMesh | BaseException] = [RuntimeError("not run")] * THREADS
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = fmesh.realize(mesh, timeout=timeout)
+        except BaseException as err:
+            results[i] = err
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results

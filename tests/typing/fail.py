@@ -45,10 +45,11 @@ class Sub(fmesh.Mesh):  # E: misc
     pass
 
 
-def realize_misuse(m: fmesh.Mesh) -> None:
+def realize_misuse(m: fmesh.Mesh) -> str:
     fmesh.realize(m, backend=3)  # E: arg-type
     fmesh.realize(m, timeout=5.0)  # E: arg-type
     fmesh.realize(m, "gloo")  # E: call-arg
     r = fmesh.realize(m)
     r.coordinate = (0,)  # E: misc
     name: str = r.local_rank("dp")  # E: assignment
+    return name
