@@ -461,9 +461,13 @@ def realize(
         groups: dict[str, ProcessGroup] = {}
         created = 0
         for axis, (name, layout) in enumerate(zip(mesh.axis_names, mesh.axes)):
+            # With an eagerly initialized NCCL world, torch makes every NCCL group by
+            # splitting the world communicator, a collective over all ranks; an axis
+            # with a non-NCCL backend (say gloo) is made by its members alone.
+            split = eager_split and "nccl" in backends[axis]
             pg, made = _axis_group(
                 mesh, axis, layout, me, coord, backends[axis], options_in[axis],
-                opt_ids[axis], rmap_key, timeout, eager_split, fake_world,
+                opt_ids[axis], rmap_key, timeout, split, fake_world,
             )
             created += made
             if pg is not None:
