@@ -1,0 +1,109 @@
+"""Which creation path realize picks per axis, with torch's constructors stubbed.
+
+The eagerly initialized NCCL path needs GPUs, which CI does not have; these tests pin
+the decisions that path rests on (split_group only for ascending axes, every rank of
+the world taking part once per axis, coordinate order kept otherwise, size-1 axes
+never split) by recording the calls realize would make. They do not run NCCL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+import fmesh
+from fmesh import _realize
+
+Call = tuple[str, tuple[int, ...], str]
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Call]]:
+    """Record split_group and member-created groups instead of making them."""
+    made: list[Call] = []
+
+    def split_group(*, split_ranks: list[list[int]], **_: Any) -> object:
+        made.append(("split_group", tuple(split_ranks[0]), ""))
+        return ("pg", tuple(split_ranks[0])) if ME in split_ranks[0] else None
+
+    def new_group(
+        ranks: tuple[int, ...], me: int, backend: str, *_: Any
+    ) -> object:
+        made.append(("new_group", ranks, backend))
+        return ("pg", ranks) if me in ranks else None
+
+    monkeypatch.setattr(dist, "split_group", split_group)
+    monkeypatch.setattr(_realize, "_new_group", new_group)
+    _realize._state.reset()
+    yield made
+    _realize._state.reset()
+
+
+ME = 5
+
+
+def _run(mesh: fmesh.Mesh, axis: str, me: int = ME, backend: str = "nccl") -> object:
+    pos = mesh.axis_names.index(axis)
+    pg, _ = _realize._axis_group(
+        mesh,
+        pos,
+        mesh.axes[pos],
+        me,
+        fmesh.coordinate(mesh, me),
+        backend,
+        None,
+        0,
+        "",
+        None,
+        True,  # eager_split: an eagerly initialized NCCL world
+        False,  # fake_world
+    )
+    return pg
+
+
+def test_ascending_axis_is_split_from_the_world(calls: list[Call]) -> None:
+    mesh = fmesh.make_mesh({"dp": 2, "tp": 4})
+    assert _run(mesh, "tp") == ("pg", fmesh.group(mesh, "tp", ME))
+    assert calls == [("split_group", fmesh.group(mesh, "tp", ME), "")]
+
+
+def test_non_ascending_axis_keeps_coordinate_order(calls: list[Call]) -> None:
+    mesh = fmesh.flatten(fmesh.make_mesh({"dp": 2, "tp": 4}), ("tp", "dp"))
+    members = fmesh.group(mesh, "tp_dp", ME)
+    assert list(members) != sorted(members)  # split_group would sort these
+    assert _run(mesh, "tp_dp") == ("pg", members)
+    assert calls == [("new_group", members, "nccl")]
+
+
+def test_custom_decreasing_rank_order_is_not_split(calls: list[Call]) -> None:
+    mesh = fmesh.make_mesh({"dp": 2, "tp": 4}, ranks=list(range(7, -1, -1)))
+    members = fmesh.group(mesh, "tp", ME)
+    assert _run(mesh, "tp") == ("pg", members)
+    assert calls == [("new_group", members, "nccl")]
+
+
+def test_non_member_still_takes_part_once(calls: list[Call]) -> None:
+    mesh = fmesh.make_mesh({"dp": 2, "tp": 2})  # ranks 0..3; rank 5 is outside
+    assert fmesh.coordinate(mesh, ME) is None
+    assert _run(mesh, "tp") is None
+    assert len(calls) == 1 and calls[0][0] == "split_group"
+    assert ME not in calls[0][1]
+    assert _run(mesh, "tp") is None  # memoized: no second collective
+    assert len(calls) == 1
+
+
+def test_size_one_axis_gets_a_member_only_gloo_group(calls: list[Call]) -> None:
+    mesh = fmesh.make_mesh({"pp": 1, "dp": 8})
+    assert _run(mesh, "pp") == ("pg", (ME,))
+    assert calls == [("new_group", (ME,), "gloo")]
+
+
+def test_each_axis_key_is_created_once(calls: list[Call]) -> None:
+    mesh = fmesh.make_mesh({"dp": 2, "tp": 4})
+    first = _run(mesh, "tp")
+    again = _run(fmesh.slice(mesh, "tp"), "tp")
+    assert first is again
+    assert len(calls) == 1
