@@ -458,6 +458,7 @@ def realize(
 
         coord = coordinate(mesh, me)
         eager_split = getattr(world_pg, "bound_device_id", None) is not None
+        world_info = _World(pg=world_pg, size=world, backend=world_backend, fake=fake_world)
         groups: dict[str, ProcessGroup] = {}
         created = 0
         for axis, (name, layout) in enumerate(zip(mesh.axis_names, mesh.axes)):
@@ -467,7 +468,7 @@ def realize(
             split = eager_split and "nccl" in backends[axis]
             pg, made = _axis_group(
                 mesh, axis, layout, me, coord, backends[axis], options_in[axis],
-                opt_ids[axis], rmap_key, timeout, split, fake_world,
+                opt_ids[axis], rmap_key, timeout, world_info, split,
             )
             created += made
             if pg is not None:
@@ -486,6 +487,17 @@ def realize(
         )
 
 
+@final
+@attrs.frozen(slots=True)
+class _World:
+    """Facts about the default process group that shape every creation."""
+
+    pg: ProcessGroup
+    size: int
+    backend: str
+    fake: bool
+
+
 def _axis_group(
     mesh: Mesh,
     axis: int,
@@ -497,8 +509,8 @@ def _axis_group(
     options_id: int,
     rmap_key: str,
     timeout: datetime.timedelta | None,
-    eager_split: bool,
-    fake_world: bool,
+    world: _World,
+    split: bool,
 ) -> tuple[ProcessGroup | None, int]:
     """This rank's group along one axis, from the memo or newly created."""
     name = mesh.axis_names[axis]
@@ -508,17 +520,29 @@ def _axis_group(
         return _state.axis_memo[axis_key], 0
 
     members = group(mesh, name, me) if coord is not None else None
-    world_collective = eager_split and layout.size > 1 and not fake_world
+    world_collective = split and layout.size > 1 and not world.fake
     if layout.size == 1:
         # One member: nothing to communicate, so no NCCL communicator; DTensor skips
         # collectives on size-1 mesh dims but still needs a group per dimension.
-        backend, options, options_id = ("fake" if fake_world else "gloo"), None, 0
+        backend, options, options_id = ("fake" if world.fake else "gloo"), None, 0
     if members is not None and not world_collective:
         pg = _state.group_memo.get((members, backend, options_id))
         if pg is not None:
             _state.reused += 1
             _state.axis_memo[axis_key] = pg
             return pg, 0
+    if (
+        members is not None
+        and options is None
+        and backend == world.backend
+        and len(members) == world.size
+        and members == tuple(range(world.size))
+    ):
+        # The whole world in rank order is the default group: no second communicator.
+        # Every rank is a member, so every rank decides this alike (no collective).
+        _state.reused += 1
+        _state.axis_memo[axis_key] = world.pg
+        return world.pg, 0
 
     desc = f"fmesh:{name}"
     if world_collective:

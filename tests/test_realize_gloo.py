@@ -375,6 +375,50 @@ def test_threads_racing_to_the_first_realize(tmp_path: Path) -> None:
             _check_axis(out["facts"]["axes"][axis], mesh, axis, rank)
 
 
+def world_group_job(rank: int, world: int) -> dict[str, Any]:
+    """Axes that are the whole world in rank order use the default group itself."""
+    import torch
+    import torch.distributed as dist
+
+    square = fmesh.make_mesh({"dp": 2, "tp": world // 2})
+    in_order = fmesh.realize(fmesh.flatten(square, ("dp", "tp"), "all"))
+    one_d = fmesh.realize(fmesh.make_mesh({"world": world}))
+    reversed_ = fmesh.realize(fmesh.flatten(square, ("tp", "dp"), "all"))
+    default = dist.distributed_c10d._get_default_group()
+    t = torch.tensor([2.0**rank])
+    dist.all_reduce(t, group=reversed_.group("all"))
+    out = {
+        "in_order_is_default": in_order.group("all") is default,
+        "one_d_is_default": one_d.group("world") is default,
+        "created": [in_order.created, one_d.created, reversed_.created],
+        "reversed_ranks": dist.get_process_group_ranks(reversed_.group("all")),
+        "reversed_group_rank": reversed_.group("all").rank(),
+        "reversed_coordinate": reversed_.local_rank("all"),
+        "sum": t.item(),
+    }
+    fmesh.destroy()
+    after = torch.tensor([1.0])
+    dist.all_reduce(after)  # the default group survives destroy()
+    out["after_destroy"] = after.item()
+    return out
+
+
+def test_whole_world_axes_use_the_default_group(tmp_path: Path) -> None:
+    world = 4
+    job = run_spawn(world_group_job, world, tmp_path=tmp_path, timeout=60)
+    square = fmesh.make_mesh({"dp": 2, "tp": world // 2})
+    rev = fmesh.flatten(square, ("tp", "dp"), "all")
+    for rank, out in enumerate(job.values()):
+        assert out["in_order_is_default"] is True
+        assert out["one_d_is_default"] is True
+        assert out["created"] == [0, 0, 1]
+        assert tuple(out["reversed_ranks"]) == fmesh.group(rev, "all", rank)
+        assert out["reversed_group_rank"] == out["reversed_coordinate"]
+        assert (fmesh.coordinate(rev, rank) or (None,))[0] == out["reversed_coordinate"]
+        assert out["sum"] == sum(2.0**r for r in range(world))
+        assert out["after_destroy"] == world
+
+
 def test_destroy_then_realize_again(axes: list[dict[str, Any]]) -> None:
     mesh = gloo_meshes()["identity"]
     for rank, out in enumerate(axes):

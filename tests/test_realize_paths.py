@@ -43,6 +43,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Call]]:
 
 
 ME = 5
+WORLD_PG: Any = object()  # stands for the default group; only compared by identity
 
 
 def _run(mesh: fmesh.Mesh, axis: str, me: int = ME, backend: str = "nccl") -> object:
@@ -56,10 +57,10 @@ def _run(mesh: fmesh.Mesh, axis: str, me: int = ME, backend: str = "nccl") -> ob
         backend,
         None,
         0,
-        "",
+        _realize._rank_map_key(mesh),
         None,
-        True,  # eager_split: an eagerly initialized NCCL world
-        False,  # fake_world
+        _realize._World(pg=WORLD_PG, size=8, backend="cpu:gloo,cuda:nccl", fake=False),
+        True,  # split: an NCCL axis of an eagerly initialized world
     )
     return pg
 
@@ -99,6 +100,19 @@ def test_size_one_axis_gets_a_member_only_gloo_group(calls: list[Call]) -> None:
     mesh = fmesh.make_mesh({"pp": 1, "dp": 8})
     assert _run(mesh, "pp") == ("pg", (ME,))
     assert calls == [("new_group", (ME,), "gloo")]
+
+
+def test_full_world_in_rank_order_is_the_default_group(calls: list[Call]) -> None:
+    mesh = fmesh.make_mesh({"world": 8})
+    assert _run(mesh, "world", backend="cpu:gloo,cuda:nccl") is WORLD_PG
+    assert calls == []
+    # Another backend, or another order, is a group of its own.
+    assert _run(mesh, "world", backend="nccl") == ("pg", tuple(range(8)))
+    reordered = fmesh.make_mesh({"world": 8}, ranks=[1, 0, 2, 3, 4, 5, 6, 7])
+    assert _run(reordered, "world", backend="cpu:gloo,cuda:nccl") == (
+        "pg",
+        (1, 0, 2, 3, 4, 5, 6, 7),
+    )
 
 
 def test_each_axis_key_is_created_once(calls: list[Call]) -> None:
