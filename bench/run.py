@@ -98,11 +98,24 @@ class Mode:
 
 MODES = {
     "full": Mode(
-        "full", (2**10, 2**14, 2**17, 2**20), 9, 0.03, 5,
-        ((1, 1, 2, 1, 2), (1, 2, 2, 1, 2), (2, 2, 2, 1, 1)), 7, 2**20,
+        "full",
+        (2**10, 2**14, 2**17, 2**20),
+        9,
+        0.03,
+        5,
+        ((1, 1, 2, 1, 2), (1, 2, 2, 1, 2), (2, 2, 2, 1, 1)),
+        7,
+        2**20,
     ),
     "quick": Mode(
-        "quick", (2**10, 2**14, 2**17), 3, 0.02, 1, ((1, 1, 2, 1, 2),), 1, 2**14,
+        "quick",
+        (2**10, 2**14, 2**17),
+        3,
+        0.02,
+        1,
+        ((1, 1, 2, 1, 2),),
+        1,
+        2**14,
     ),
     "smoke": Mode("smoke", (2**6, 2**8), 2, 0.002, 1, ((1, 1, 2, 1, 1),), 1, 2**8),
 }
@@ -346,8 +359,10 @@ def worker_pure(spec: Json) -> Json:
     gc.freeze()
     # A torch flatten creates groups: bound its batch so repeats stay few.
     counts = {
-        name: (calibrate(f_fn, target, 100_000),
-               calibrate(t_fn, target, 50 if name == "flatten" else 10_000))
+        name: (
+            calibrate(f_fn, target, 100_000),
+            calibrate(t_fn, target, 50 if name == "flatten" else 10_000),
+        )
         for name, f_fn, t_fn in ops
     }
     for clear in cleanup.values():
@@ -491,12 +506,8 @@ def worker_gloo_rank(spec: Json) -> Json:
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     timeout = datetime.timedelta(seconds=spec["timeout_s"])
-    store = TCPStore(
-        "127.0.0.1", spec["port"], world, is_master=False, timeout=timeout
-    )
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=world, timeout=timeout
-    )
+    store = TCPStore("127.0.0.1", spec["port"], world, is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     preload_lazy_imports()
     fn = realize_fmesh if spec["impl"] == "fmesh" else realize_torch
     check_s = time_mesh_check() if spec["impl"] == "fmesh" else [0.0]
@@ -630,9 +641,7 @@ def finish(started: Started, deadline: float) -> Json:
             status, payload = conn.recv()
         except EOFError:
             proc.join(10)
-            raise WorkerError(
-                f"{started.what} died with exit code {proc.exitcode}"
-            ) from None
+            raise WorkerError(f"{started.what} died with exit code {proc.exitcode}") from None
         if status != "ok":
             raise WorkerError(f"{started.what} failed:\n{payload}")
         result: Json = payload
@@ -658,13 +667,19 @@ def run_gloo_job(impl: str, shape: Sequence[int], timeout_s: float) -> list[Json
     world = math.prod(shape)
     # Port 0: the OS picks a free port; the store listens before any rank starts.
     store = TCPStore(
-        "127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+        "127.0.0.1",
+        0,
+        world,
+        is_master=True,
+        wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
-    spec = {"impl": impl, "shape": list(shape), "port": store.port,
-            "timeout_s": timeout_s}
-    env = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(store.port)}
+    spec = {"impl": impl, "shape": list(shape), "port": store.port, "timeout_s": timeout_s}
+    env = {
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(store.port),
+    }
     if "GLOO_SOCKET_IFNAME" not in os.environ:
         env["GLOO_SOCKET_IFNAME"] = "lo"
     ranks = [
@@ -717,26 +732,42 @@ class Bench:
 
 
 PURE_LABELS = {
-    "construct": ("construct the 5-d mesh (no groups)",
-                  "torch: DeviceMesh(_init_backend=False), what init_device_mesh does "
-                  "before creating groups"),
+    "construct": (
+        "construct the 5-d mesh (no groups)",
+        "torch: DeviceMesh(_init_backend=False), what init_device_mesh does "
+        "before creating groups",
+    ),
     "slice1": ("slice `tp`", "torch: dm['tp']"),
     "slice2": ("slice `dp_shard`, `tp`", "torch: dm['dp_shard', 'tp']"),
-    "flatten": ("flatten `dp_replicate`, `dp_shard`",
-                "torch: first _flatten under a fresh name, which creates its groups "
-                "(fake backend); fmesh is pure"),
-    "unflatten": ("unflatten `world` into the 5 axes",
-                  "torch: _unflatten of a 1-d mesh without groups (its best case; with "
-                  "groups it also creates them)"),
-    "coordinate": ("coordinate of a rank",
-                   "torch: _compute_coordinate_on_dim, the O(world) search every "
-                   "DeviceMesh construction and slice runs"),
-    "coordinate_cached": ("coordinate of a rank, torch cached",
-                          "torch: get_coordinate() returns the tuple cached at "
-                          "construction"),
+    "flatten": (
+        "flatten `dp_replicate`, `dp_shard`",
+        "torch: first _flatten under a fresh name, which creates its groups "
+        "(fake backend); fmesh is pure",
+    ),
+    "unflatten": (
+        "unflatten `world` into the 5 axes",
+        "torch: _unflatten of a 1-d mesh without groups (its best case; with "
+        "groups it also creates them)",
+    ),
+    "coordinate": (
+        "coordinate of a rank",
+        "torch: _compute_coordinate_on_dim, the O(world) search every "
+        "DeviceMesh construction and slice runs",
+    ),
+    "coordinate_cached": (
+        "coordinate of a rank, torch cached",
+        "torch: get_coordinate() returns the tuple cached at construction",
+    ),
 }
-PURE_ORDER = ("construct", "slice1", "slice2", "flatten", "unflatten", "coordinate",
-              "coordinate_cached")
+PURE_ORDER = (
+    "construct",
+    "slice1",
+    "slice2",
+    "flatten",
+    "unflatten",
+    "coordinate",
+    "coordinate_cached",
+)
 
 
 def bench_pure(b: Bench) -> None:
@@ -745,8 +776,12 @@ def bench_pure(b: Bench) -> None:
         b.log(f"pure ops at {world_str(world)} ranks ...")
         results[world] = run_worker(
             "pure",
-            {"world": world, "shape": list(SHAPES[world]),
-             "repeats": b.mode.pure_repeats, "target_s": b.mode.pure_target_s},
+            {
+                "world": world,
+                "shape": list(SHAPES[world]),
+                "repeats": b.mode.pure_repeats,
+                "target_s": b.mode.pure_target_s,
+            },
             timeout_s=600,
         )
     b.raw["pure"] = {str(w): r for w, r in results.items()}
@@ -754,8 +789,11 @@ def bench_pure(b: Bench) -> None:
         label, note = PURE_LABELS[op]
         for world, res in results.items():
             t = res["ops"][op]
-            b.add(Row("pure ops", label, world_str(world), "s", t["fmesh"], t["torch"],
-                      note=note))
+            b.add(
+                Row(
+                    "pure ops", label, world_str(world), "s", t["fmesh"], t["torch"], note=note
+                )
+            )
 
 
 def estimate(points: list[tuple[int, float]], world: int) -> float:
@@ -769,8 +807,9 @@ def estimate(points: list[tuple[int, float]], world: int) -> float:
     return float(t1 * (world / w1) ** exponent)
 
 
-def realize_runs(b: Bench, impl: str, world: int, repeats: int, trace: bool,
-                 timeout_s: float) -> list[Json]:
+def realize_runs(
+    b: Bench, impl: str, world: int, repeats: int, trace: bool, timeout_s: float
+) -> list[Json]:
     spec = {"impl": impl, "world": world, "shape": list(SHAPES[world]), "trace": trace}
     return [run_worker("realize", spec, timeout_s) for _ in range(repeats)]
 
@@ -788,38 +827,77 @@ def bench_realize(b: Bench) -> None:
             skipped = f"skipped (>{limit:.0f} s est.: {est:.0f} s)"
         else:
             try:
-                t_runs = realize_runs(b, "torch", world, b.mode.realize_repeats, False,
-                                      limit + 30)
+                t_runs = realize_runs(
+                    b, "torch", world, b.mode.realize_repeats, False, limit + 30
+                )
             except WorkerTimeout:
                 skipped = f"skipped (ran past {limit + 30:.0f} s)"
         raw[str(world)] = {"fmesh": f_runs, "torch": t_runs, "skipped": skipped}
         if t_runs:
-            torch_points.append(
-                (world, statistics.median(r["seconds"] for r in t_runs))
-            )
+            torch_points.append((world, statistics.median(r["seconds"] for r in t_runs)))
         w = world_str(world)
 
         def med(runs: list[Json], key: str) -> float | None:
             return statistics.median(r[key] for r in runs) if runs else None
 
-        def row(bench: str, unit: str, key: str, note: str, resolution: float = 0.0,
-                w: str = w, t_runs: list[Json] = t_runs, f_runs: list[Json] = f_runs,
-                skipped: str | None = skipped) -> Row:
-            return Row("realize (fake)", bench, w, unit, med(f_runs, key),
-                       med(t_runs, key), note=skipped or note, skipped=skipped,
-                       resolution=resolution)
+        def row(
+            bench: str,
+            unit: str,
+            key: str,
+            note: str,
+            resolution: float = 0.0,
+            w: str = w,
+            t_runs: list[Json] = t_runs,
+            f_runs: list[Json] = f_runs,
+            skipped: str | None = skipped,
+        ) -> Row:
+            return Row(
+                "realize (fake)",
+                bench,
+                w,
+                unit,
+                med(f_runs, key),
+                med(t_runs, key),
+                note=skipped or note,
+                skipped=skipped,
+                resolution=resolution,
+            )
 
-        b.add(row("realize + 3 flattens: wall time", "s", "seconds",
-                  "torch: init_device_mesh + 3 _flatten calls"))
-        b.add(row("groups the rank holds", "count", "groups",
-                  "both: one group per axis and flatten, 8 distinct layouts; torch "
-                  "only registers the groups it is in"))
-        b.add(row("group-creation calls by the rank", "count", "calls",
-                  "torch: new_group calls (every subgroup of the world); fmesh: "
-                  "groups it created"))
-        b.add(row("peak RSS growth during realize", "B", "rss_peak_delta",
-                  "fresh process, kernel peak-RSS mark reset before; counts C++ "
-                  "allocations too", resolution=2**20))
+        b.add(
+            row(
+                "realize + 3 flattens: wall time",
+                "s",
+                "seconds",
+                "torch: init_device_mesh + 3 _flatten calls",
+            )
+        )
+        b.add(
+            row(
+                "groups the rank holds",
+                "count",
+                "groups",
+                "both: one group per axis and flatten, 8 distinct layouts; torch "
+                "only registers the groups it is in",
+            )
+        )
+        b.add(
+            row(
+                "group-creation calls by the rank",
+                "count",
+                "calls",
+                "torch: new_group calls (every subgroup of the world); fmesh: "
+                "groups it created",
+            )
+        )
+        b.add(
+            row(
+                "peak RSS growth during realize",
+                "B",
+                "rss_peak_delta",
+                "fresh process, kernel peak-RSS mark reset before; counts C++ allocations too",
+                resolution=2**20,
+            )
+        )
     b.raw["realize"] = raw
     # Reorder: each metric across world sizes, like the pure ops.
     realize_rows = [r for r in b.rows if r.section == "realize (fake)"]
@@ -839,19 +917,36 @@ def bench_gloo(b: Bench) -> None:
                 runs[impl].append(run_gloo_job(impl, shape, timeout_s=180))
         raw[shape_str(shape)] = runs
         w = f"{world} ({shape_str(shape)})"
-        wall = {i: statistics.median(max(r["seconds"] for r in job) for job in jobs)
-                for i, jobs in runs.items()}
+        wall = {
+            i: statistics.median(max(r["seconds"] for r in job) for job in jobs)
+            for i, jobs in runs.items()
+        }
         check = statistics.median(max(r["check_s"] for r in job) for job in runs["fmesh"])
-        groups = {i: max(r["groups"] for job in jobs for r in job)
-                  for i, jobs in runs.items()}
-        b.add(Row("realize (gloo)", "realize + 3 flattens: wall time, max over ranks",
-                  w, "s", wall["fmesh"], wall["torch"],
-                  note="real gloo processes; torch: init_device_mesh('cpu') + 3 "
-                  f"_flatten calls; fmesh's cross-rank mesh check took {fmt_seconds(check)} "
-                  "of its time (slowest rank)"))
-        b.add(Row("realize (gloo)", "groups per rank", w, "count", groups["fmesh"],
-                  groups["torch"],
-                  note="fmesh reuses one group for axes with the same members"))
+        groups = {i: max(r["groups"] for job in jobs for r in job) for i, jobs in runs.items()}
+        b.add(
+            Row(
+                "realize (gloo)",
+                "realize + 3 flattens: wall time, max over ranks",
+                w,
+                "s",
+                wall["fmesh"],
+                wall["torch"],
+                note="real gloo processes; torch: init_device_mesh('cpu') + 3 "
+                f"_flatten calls; fmesh's cross-rank mesh check took {fmt_seconds(check)} "
+                "of its time (slowest rank)",
+            )
+        )
+        b.add(
+            Row(
+                "realize (gloo)",
+                "groups per rank",
+                w,
+                "count",
+                groups["fmesh"],
+                groups["torch"],
+                note="fmesh reuses one group for axes with the same members",
+            )
+        )
     b.raw["gloo"] = raw
 
 
@@ -870,19 +965,54 @@ def bench_memory(b: Bench) -> None:
         skipped = f"skipped (ran past {limit + 30:.0f} s)"
     b.raw["memory"] = {"value": res, "realized_fmesh": f_tr, "realized_torch": t_tr}
     sec = "memory"
-    b.add(Row(sec, "one mesh value: pickle size", w, "B", res["fmesh"]["pickle"],
-              res["torch"]["pickle"], note="torch: DeviceMesh without groups"))
-    b.add(Row(sec, "one mesh value: deep size", w, "B", res["fmesh"]["deep"],
-              res["torch"]["deep"],
-              note="sys.getsizeof over reachable objects (+ tensor storage)"))
-    b.add(Row(sec, "one mesh value: tracemalloc peak while constructing", w, "B",
-              res["fmesh"]["construct_peak"], res["torch"]["construct_peak"],
-              note="Python allocations only (torch's tensor storage not seen)"))
+    b.add(
+        Row(
+            sec,
+            "one mesh value: pickle size",
+            w,
+            "B",
+            res["fmesh"]["pickle"],
+            res["torch"]["pickle"],
+            note="torch: DeviceMesh without groups",
+        )
+    )
+    b.add(
+        Row(
+            sec,
+            "one mesh value: deep size",
+            w,
+            "B",
+            res["fmesh"]["deep"],
+            res["torch"]["deep"],
+            note="sys.getsizeof over reachable objects (+ tensor storage)",
+        )
+    )
+    b.add(
+        Row(
+            sec,
+            "one mesh value: tracemalloc peak while constructing",
+            w,
+            "B",
+            res["fmesh"]["construct_peak"],
+            res["torch"]["construct_peak"],
+            note="Python allocations only (torch's tensor storage not seen)",
+        )
+    )
     for key, label in (("traced_retained", "retained"), ("traced_peak", "peak")):
-        b.add(Row(sec, f"realized mesh + 3 flattens: tracemalloc {label}", w, "B",
-                  f_tr[key], None if t_tr is None else t_tr[key],
-                  note=skipped or "fake backend; torch: init_device_mesh + 3 "
-                  "_flatten calls; Python allocations only", skipped=skipped))
+        b.add(
+            Row(
+                sec,
+                f"realized mesh + 3 flattens: tracemalloc {label}",
+                w,
+                "B",
+                f_tr[key],
+                None if t_tr is None else t_tr[key],
+                note=skipped
+                or "fake backend; torch: init_device_mesh + 3 "
+                "_flatten calls; Python allocations only",
+                skipped=skipped,
+            )
+        )
 
 
 def ahead_note(row: Row) -> str:
@@ -908,13 +1038,13 @@ def machine_info(mode: Mode) -> Json:
         "processor": platform.processor(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-                            / 2**30, 1),
+        "memory_gib": round(
+            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1
+        ),
         "python": platform.python_version(),
         "torch": importlib.metadata.version("torch"),
         "fmesh": fmesh.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "mode": mode.name,
         "loadavg_start": os.getloadavg(),
     }
@@ -933,9 +1063,12 @@ def markdown(b: Bench, info: Json) -> str:
         f"(dp_replicate, dp_shard), dp_shard_cp = (dp_shard, cp), dp_cp = "
         f"(dp_replicate, dp_shard, cp)."
     )
-    lines = [f"*{caption}*", "",
-             "| section | benchmark | ranks | fmesh | torch | torch/fmesh | note |",
-             "|---|---|---|--:|--:|--:|---|"]
+    lines = [
+        f"*{caption}*",
+        "",
+        "| section | benchmark | ranks | fmesh | torch | torch/fmesh | note |",
+        "|---|---|---|--:|--:|--:|---|",
+    ]
     for r in b.rows:
         lines.append(
             f"| {r.section} | {r.bench} | {r.world} | {fmt_value(r.fmesh, r.unit)} | "
@@ -946,24 +1079,30 @@ def markdown(b: Bench, info: Json) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__
-                                     else None)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--quick", action="store_true",
-                       help="2**10..2**17, fewer repeats (well under a minute)")
-    group.add_argument("--smoke", action="store_true",
-                       help="tiny sizes, every code path once (seconds)")
-    parser.add_argument("--out", type=Path, default=HERE / "results.json",
-                        help="JSON results (default bench/results.json); the Markdown "
-                        "table goes beside it with the suffix .md")
+    group.add_argument(
+        "--quick",
+        action="store_true",
+        help="2**10..2**17, fewer repeats (well under a minute)",
+    )
+    group.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, every code path once (seconds)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=HERE / "results.json",
+        help="JSON results (default bench/results.json); the Markdown "
+        "table goes beside it with the suffix .md",
+    )
     args = parser.parse_args(argv)
 
     mode = MODES["smoke" if args.smoke else "quick" if args.quick else "full"]
     started = time.perf_counter()
 
     def log(msg: str) -> None:
-        print(f"[{time.perf_counter() - started:6.1f} s] {msg}", file=sys.stderr,
-              flush=True)
+        print(f"[{time.perf_counter() - started:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
     info = machine_info(mode)
     b = Bench(mode, log)
@@ -980,9 +1119,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = markdown(b, info)
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"machine": info, "rows": [asdict(r) for r in b.rows], "raw": b.raw,
-               "shapes": {str(w): SHAPES[w] for w in mode.worlds},
-               "gloo_shapes": [list(s) for s in mode.gloo]}
+    payload = {
+        "machine": info,
+        "rows": [asdict(r) for r in b.rows],
+        "raw": b.raw,
+        "shapes": {str(w): SHAPES[w] for w in mode.worlds},
+        "gloo_shapes": [list(s) for s in mode.gloo],
+    }
     out.write_text(json.dumps(payload, indent=1) + "\n")
     out.with_suffix(".md").write_text(table)
     print(table)

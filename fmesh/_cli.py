@@ -63,8 +63,7 @@ def _parse_count(text: str, what: str) -> int:
     m = re.fullmatch(r"\s*(-?\d[\d_]*)\s*(?:\*\*\s*(\d+)\s*)?", text)
     if m is None:
         raise _CliError(
-            f"{what} is {text!r}, which is not a whole number; write e.g. 8, 1024 "
-            "or 2**10"
+            f"{what} is {text!r}, which is not a whole number; write e.g. 8, 1024 or 2**10"
         )
     base = int(m.group(1))
     return base ** int(m.group(2)) if m.group(2) is not None else base
@@ -308,7 +307,9 @@ def _grid(mesh: Mesh, mark: int | None) -> list[str]:
     lead_keep = (
         None
         if mark_coord is None
-        else int(np.ravel_multi_index(mark_coord[:-2], lead_s)) if lead_s else 0
+        else int(np.ravel_multi_index(mark_coord[:-2], lead_s))
+        if lead_s
+        else 0
     )
     blocks = _shown(math.prod(lead_s), _BLOCKS_FULL, _BLOCKS_EDGE, lead_keep)
     rows = _shown(row_s, _ROWS_FULL, _ROWS_EDGE, keep(mesh.ndim - 2) if row_n else None)
@@ -335,8 +336,10 @@ def _grid(mesh: Mesh, mark: int | None) -> list[str]:
     def cell(text: str, marked: bool = False) -> str:
         return f"[{text}]".rjust(width + 2) if marked else text.rjust(width + 1) + " "
 
-    head = corner.ljust(label_w) + " " + "".join(
-        cell("..." if c is None else str(c)) for c in cols
+    head = (
+        corner.ljust(label_w)
+        + " "
+        + "".join(cell("..." if c is None else str(c)) for c in cols)
     )
     indent = "  " if lead_s else ""
     out: list[str] = []
@@ -404,7 +407,7 @@ def describe(
     mesh, axes = _build(spec, unflattens, flattens)
     if rank is not None and not 0 <= rank < mesh.size:
         raise _CliError(
-            f"--rank {rank} is not in the mesh \"{spec}\" of {mesh.size} ranks; "
+            f'--rank {rank} is not in the mesh "{spec}" of {mesh.size} ranks; '
             f"expected a rank in 0..{mesh.size - 1}"
         )
     host = local_world_size
@@ -415,8 +418,14 @@ def describe(
     if rank is None:
         header = ["axis", "size", "groups", "layout", "hosts", "example groups"]
         rows = [
-            [a.name, str(a.layout.size), str(a.num_groups), str(a.layout),
-             _placement(a, host), _example_groups(a)]
+            [
+                a.name,
+                str(a.layout.size),
+                str(a.num_groups),
+                str(a.layout),
+                _placement(a, host),
+                _example_groups(a),
+            ]
             for a in axes
         ]
     else:
@@ -427,11 +436,25 @@ def describe(
             f"rank {rank}: coordinate {_coord_str(mesh.axis_names, coord)} on host "
             f"{rank // host} (ranks {first}..{min(first + host, mesh.size) - 1})"
         )
-        header = ["axis", "size", "groups", "layout", "hosts", "coord",
-                  f"group of rank {rank}"]
+        header = [
+            "axis",
+            "size",
+            "groups",
+            "layout",
+            "hosts",
+            "coord",
+            f"group of rank {rank}",
+        ]
         rows = [
-            [a.name, str(a.layout.size), str(a.num_groups), str(a.layout),
-             _placement(a, host), str(a.coordinate(rank)), format_ranks(a.group(rank))]
+            [
+                a.name,
+                str(a.layout.size),
+                str(a.num_groups),
+                str(a.layout),
+                _placement(a, host),
+                str(a.coordinate(rank)),
+                format_ranks(a.group(rank)),
+            ]
             for a in axes
         ]
     out.extend(_table(header, rows, right={1, 2, 5} if rank is not None else {1, 2}))
@@ -478,7 +501,7 @@ def plan(
     mesh, axes = _build(spec, unflattens, flattens)
     if world < mesh.size:
         raise _CliError(
-            f"--world {world} is smaller than the mesh \"{spec}\" of {mesh.size} ranks; "
+            f'--world {world} is smaller than the mesh "{spec}" of {mesh.size} ranks; '
             f"give --world {mesh.size} or more, or shrink the mesh"
         )
     if not 0 <= rank < world:
@@ -511,9 +534,16 @@ def plan(
                 groups[a.name] = r.group(a.name)
         after = cache_stats()
         return _plan_report(
-            mesh, axes, world, rank, backend, local_world_size, groups,
+            mesh,
+            axes,
+            world,
+            rank,
+            backend,
+            local_world_size,
+            groups,
             (after.created - before.created, after.reused - before.reused, after.live),
-            timings, t2 - t1,
+            timings,
+            t2 - t1,
         )
     finally:
         destroy()
@@ -556,8 +586,14 @@ def _plan_report(
             f"{rank // host}"
         )
         out.append("")
-        header = ["axis", "size", "group rank", "hosts", "process group",
-                  f"group of rank {rank}"]
+        header = [
+            "axis",
+            "size",
+            "group rank",
+            "hosts",
+            "process group",
+            f"group of rank {rank}",
+        ]
         rows = []
         seen: dict[int, str] = {}
         for a in axes:
@@ -573,9 +609,9 @@ def _plan_report(
             where = _placement(a, host)
             if where.startswith("mixed"):
                 where += f" (this one: {_hosts_of(ranks, host)})"
-            rows.append([
-                a.name, str(pg.size()), str(pg.rank()), where, comm, format_ranks(ranks)
-            ])
+            rows.append(
+                [a.name, str(pg.size()), str(pg.rank()), where, comm, format_ranks(ranks)]
+            )
         out.extend(_table(header, rows, right={1, 2}))
         out.extend(_flattened_notes(axes))
     created, reused, live = stats
@@ -609,25 +645,44 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="fmesh",
-        description="Draw an fmesh mesh, or dry-run realize for one rank on the fake "
-        "backend.",
+        description="Draw an fmesh mesh, or dry-run realize for one rank on the fake backend.",
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="log progress to stderr (-vv: debug)")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log progress to stderr (-vv: debug)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("spec", help=f"the mesh: {SPEC_HELP}")
-        p.add_argument("--flatten", action="append", default=[], metavar="[NAME=]A,B",
-                       help="add an axis flattening these axes (repeatable)")
-        p.add_argument("--unflatten", action="append", default=[],
-                       metavar="AXIS=NAME:SIZE,...",
-                       help="split an axis of the spec, before any --flatten, e.g. "
-                       "world=dp:2,tp:4 (repeatable)")
-        p.add_argument("--local-world-size", default="8", metavar="N",
-                       help="ranks per host (default 8)")
-        p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
-                       help=argparse.SUPPRESS)
+        p.add_argument(
+            "--flatten",
+            action="append",
+            default=[],
+            metavar="[NAME=]A,B",
+            help="add an axis flattening these axes (repeatable)",
+        )
+        p.add_argument(
+            "--unflatten",
+            action="append",
+            default=[],
+            metavar="AXIS=NAME:SIZE,...",
+            help="split an axis of the spec, before any --flatten, e.g. "
+            "world=dp:2,tp:4 (repeatable)",
+        )
+        p.add_argument(
+            "--local-world-size", default="8", metavar="N", help="ranks per host (default 8)"
+        )
+        p.add_argument(
+            "-v",
+            "--verbose",
+            action="count",
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+        )
 
     d = sub.add_parser("describe", help="draw the rank grid and each axis's groups")
     common(d)
@@ -636,8 +691,11 @@ def _parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--world", required=True, metavar="N", help="world size, e.g. 2**17")
     p.add_argument("--rank", default="0", metavar="R", help="the rank (default 0)")
-    p.add_argument("--backend", default="nccl",
-                   help="backend of the real run, for the report (default nccl)")
+    p.add_argument(
+        "--backend",
+        default="nccl",
+        help="backend of the real run, for the report (default nccl)",
+    )
     return parser
 
 
@@ -645,8 +703,13 @@ def _run(args: argparse.Namespace) -> str:
     host = _parse_count(args.local_world_size, "--local-world-size")
     rank = None if args.rank is None else _parse_count(args.rank, "--rank")
     if args.command == "describe":
-        return describe(args.spec, flattens=args.flatten, unflattens=args.unflatten,
-                        rank=rank, local_world_size=host)
+        return describe(
+            args.spec,
+            flattens=args.flatten,
+            unflattens=args.unflatten,
+            rank=rank,
+            local_world_size=host,
+        )
     return plan(
         args.spec,
         world=_parse_count(args.world, "--world"),

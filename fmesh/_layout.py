@@ -65,8 +65,7 @@ def _check_positive(fn: str, values: tuple[object, ...]) -> None:
     for value in values:
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(
-                f"{fn} takes ints, got {value!r} of type {type(value).__name__} "
-                f"in {values!r}"
+                f"{fn} takes ints, got {value!r} of type {type(value).__name__} in {values!r}"
             )
         if value < 1:
             raise MeshError(f"{fn} takes sizes and steps >= 1, got {values!r}")

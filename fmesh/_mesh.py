@@ -116,9 +116,7 @@ class Mesh:
     """One canonical layout per axis, over the index space."""
     index_size: int = attrs.field(converter=_check_index_size)
     """Size N of the index space the mesh tiles."""
-    rank_map: tuple[int, ...] | None = attrs.field(
-        default=None, converter=_checked_rank_map
-    )
+    rank_map: tuple[int, ...] | None = attrs.field(default=None, converter=_checked_rank_map)
     """Global rank of each index; ``None`` means index == rank."""
 
     def __attrs_post_init__(self) -> None:
@@ -149,9 +147,7 @@ class Mesh:
     # -- constructors ---------------------------------------------------------------
 
     @classmethod
-    def from_ranks(
-        cls, ranks: npt.ArrayLike, axis_names: Sequence[str]
-    ) -> Mesh:
+    def from_ranks(cls, ranks: npt.ArrayLike, axis_names: Sequence[str]) -> Mesh:
         """A root mesh from an explicit N-d array of global ranks.
 
         >>> Mesh.from_ranks([[0, 2], [1, 3]], ("dp", "tp"))
@@ -209,14 +205,10 @@ class Mesh:
         return axis_position(self, name, "Mesh.axis_index")
 
     def _axes_str(self) -> str:
-        return ", ".join(
-            f"{n}={layout}" for n, layout in zip(self.axis_names, self.axes)
-        )
+        return ", ".join(f"{n}={layout}" for n, layout in zip(self.axis_names, self.axes))
 
     def _is_default_layout(self) -> bool:
-        return self.index_size == self.size and self.axes == row_major(
-            self.axis_sizes
-        )
+        return self.index_size == self.size and self.axes == row_major(self.axis_sizes)
 
     def __repr__(self) -> str:
         parts = [f"{n}={s}" for n, s in zip(self.axis_names, self.axis_sizes)]

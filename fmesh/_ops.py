@@ -80,24 +80,18 @@ def slice(mesh: Mesh, *axis_names: str) -> Mesh:  # noqa: A001 - the contract's 
     _require_mesh(mesh, "slice")
     if not axis_names:
         raise MeshError(
-            f"slice() needs at least one axis name; valid names are "
-            f"{list(mesh.axis_names)}"
+            f"slice() needs at least one axis name; valid names are {list(mesh.axis_names)}"
         )
     positions = [axis_position(mesh, n, "slice") for n in axis_names]
     if len(set(positions)) != len(positions):
         dup = next(n for n in axis_names if axis_names.count(n) > 1)
         raise MeshError(
-            f"slice() got axis {dup!r} more than once in {axis_names}; name each "
-            "axis once"
+            f"slice() got axis {dup!r} more than once in {axis_names}; name each axis once"
         )
-    return _evolve(
-        mesh, tuple(axis_names), tuple(mesh.axes[p] for p in positions)
-    )
+    return _evolve(mesh, tuple(axis_names), tuple(mesh.axes[p] for p in positions))
 
 
-def flatten(
-    mesh: Mesh, axis_names: Sequence[str], name: str | None = None
-) -> Mesh:
+def flatten(mesh: Mesh, axis_names: Sequence[str], name: str | None = None) -> Mesh:
     """Merge the listed axes into one axis, row-major over them in the listed order.
 
     The axes may be any subset, adjacent or not, in any order. The new axis stands
@@ -118,8 +112,7 @@ def flatten(
     names = tuple(axis_names)
     if not names:
         raise MeshError(
-            f"flatten() needs at least one axis name; valid names are "
-            f"{list(mesh.axis_names)}"
+            f"flatten() needs at least one axis name; valid names are {list(mesh.axis_names)}"
         )
     positions = [axis_position(mesh, n, "flatten") for n in names]
     if len(set(positions)) != len(positions):
@@ -151,9 +144,11 @@ def flatten(
 def _working_splits(layout: Layout, count: int, limit: int = 6) -> list[tuple[int, ...]]:
     """Up to ``limit`` splits of ``layout`` into ``count`` sizes that are layouts."""
     size = layout.size
-    divisors = [d for d in range(1, size + 1) if size % d == 0] if size < 1 << 16 else [
-        d for d in (1 << k for k in range(size.bit_length())) if size % d == 0
-    ]
+    divisors = (
+        [d for d in range(1, size + 1) if size % d == 0]
+        if size < 1 << 16
+        else [d for d in (1 << k for k in range(size.bit_length())) if size % d == 0]
+    )
     found: list[tuple[int, ...]] = []
     tried = 0
 
@@ -369,9 +364,7 @@ def instance(mesh: Mesh, rank: int) -> npt.NDArray[np.int64]:
     """
     _require_mesh(mesh, "instance")
     index = _located(mesh, rank, "instance")
-    base = index - builtins.sum(
-        layout(layout.coordinate_of(index)) for layout in mesh.axes
-    )
+    base = index - builtins.sum(layout(layout.coordinate_of(index)) for layout in mesh.axes)
     return _ranks_array(mesh, _grid(mesh) + base)
 
 
@@ -389,4 +382,3 @@ def instances(mesh: Mesh) -> npt.NDArray[np.int64]:
     bases = Layout._from_modes(complement_modes(modes, mesh.index_size)).values()
     base_arr = np.asarray(bases, dtype=np.int64).reshape((-1,) + (1,) * mesh.ndim)
     return _ranks_array(mesh, _grid(mesh)[None, ...] + base_arr)
-

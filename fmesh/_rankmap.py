@@ -62,9 +62,7 @@ def _build(ranks: tuple[int, ...]) -> RankMapInfo:
     array = np.asarray(ranks, dtype=np.int64).reshape(-1)
     if array.size and int(array.min()) < 0:
         bad = int(array[array < 0][0])
-        raise MeshError(
-            f"rank_map contains the negative rank {bad}; global ranks are >= 0"
-        )
+        raise MeshError(f"rank_map contains the negative rank {bad}; global ranks are >= 0")
     order = np.argsort(array, kind="stable")
     sorted_ranks = array[order]
     if sorted_ranks.size > 1:

@@ -76,7 +76,6 @@ and MASTER_PORT for every process, e.g.
 or call torch.distributed.init_process_group(...) yourself before realize()."""
 
 
-
 # -- public values ----------------------------------------------------------------------
 
 
@@ -153,10 +152,7 @@ class RealizedMesh:
         )
 
     def __repr__(self) -> str:
-        return (
-            f"RealizedMesh({self.mesh!r}, rank={self.rank}, "
-            f"coordinate={self.coordinate})"
-        )
+        return f"RealizedMesh({self.mesh!r}, rank={self.rank}, coordinate={self.coordinate})"
 
 
 # -- process-wide state -------------------------------------------------------------------
@@ -253,9 +249,7 @@ def _ensure_default_group() -> None:
     )
 
 
-def _per_axis(
-    spec: object, mesh: Mesh, what: str
-) -> tuple[object, ...]:
+def _per_axis(spec: object, mesh: Mesh, what: str) -> tuple[object, ...]:
     """Expand a global-or-per-axis argument into one value per axis."""
     if isinstance(spec, Mapping):
         for key in spec:
@@ -342,9 +336,9 @@ def _new_group(
 
 
 def _check_world(mesh: Mesh, world: int) -> None:
-    top = mesh.index_size - 1 if mesh.rank_map is None else rank_map_info(
-        mesh.rank_map
-    ).max_rank
+    top = (
+        mesh.index_size - 1 if mesh.rank_map is None else rank_map_info(mesh.rank_map).max_rank
+    )
     if top >= world:
         raise MeshError(
             f"{mesh!r} uses global rank {top}, but the world has only {world} ranks "
@@ -467,8 +461,18 @@ def realize(
             # with a non-NCCL backend (say gloo) is made by its members alone.
             split = eager_split and "nccl" in backends[axis]
             pg, made = _axis_group(
-                mesh, axis, layout, me, coord, backends[axis], options_in[axis],
-                opt_ids[axis], rmap_key, timeout, world_info, split,
+                mesh,
+                axis,
+                layout,
+                me,
+                coord,
+                backends[axis],
+                options_in[axis],
+                opt_ids[axis],
+                rmap_key,
+                timeout,
+                world_info,
+                split,
             )
             created += made
             if pg is not None:
@@ -476,7 +480,11 @@ def realize(
         elapsed = time.perf_counter() - start
         logger.info(
             "fmesh.realize %r on rank %d: %d groups created, %d from memo, %.1f ms",
-            mesh, me, created, len(groups) - created, elapsed * 1e3,
+            mesh,
+            me,
+            created,
+            len(groups) - created,
+            elapsed * 1e3,
         )
         return RealizedMesh(
             mesh=mesh,
@@ -551,8 +559,13 @@ def _axis_group(
         )
     elif members is not None:
         pg = _new_group(
-            members, me, backend, options, timeout,
-            _group_name(members, backend, options_id), desc,
+            members,
+            me,
+            backend,
+            options,
+            timeout,
+            _group_name(members, backend, options_id),
+            desc,
         )
     else:
         pg = None
@@ -605,7 +618,12 @@ def _split(
     # split_group sorts ranks; keep coordinate order with torch's own split-from-world
     # constructor, which every rank of the world enters once.
     return _new_group(
-        some, me, backend, options, timeout, _group_name(some, backend, options_id),
+        some,
+        me,
+        backend,
+        options,
+        timeout,
+        _group_name(some, backend, options_id),
         desc,
     )
 
@@ -618,9 +636,7 @@ def from_device_mesh(device_mesh: DeviceMesh) -> Mesh:
 
     Unnamed dimensions are called ``dim0``, ``dim1``, ...
     """
-    names = device_mesh.mesh_dim_names or tuple(
-        f"dim{i}" for i in range(device_mesh.ndim)
-    )
+    names = device_mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(device_mesh.ndim))
     layout = getattr(device_mesh, "_layout", None)
     rank_map = getattr(device_mesh, "_rank_map", None)
     if layout is not None and rank_map is not None:

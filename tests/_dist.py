@@ -160,9 +160,7 @@ def run_spawn(
     env: dict[str, str] = {}
     if launch_env:
         # The agent's store: every rank connects to it as a client.
-        store = TCPStore(
-            "127.0.0.1", 0, world, is_master=True, wait_for_workers=False
-        )
+        store = TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
         env = {
             "WORLD_SIZE": str(world),
             "LOCAL_WORLD_SIZE": str(world),

@@ -24,7 +24,11 @@ EXAMPLE_CMD = 'python -m fmesh describe "pp=2,dp=2,tp=4" --rank 5 --local-world-
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fmesh", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -115,8 +119,16 @@ def test_import_does_not_import_torch() -> None:
 
 def test_describe_3d_with_rank_matches_fmesh() -> None:
     spec, rank, host = "pp=2,dp=3,tp=4", 17, 4
-    out = ok("describe", spec, "--rank", str(rank), "--flatten", "tp,pp",
-             "--local-world-size", str(host))
+    out = ok(
+        "describe",
+        spec,
+        "--rank",
+        str(rank),
+        "--flatten",
+        "tp,pp",
+        "--local-world-size",
+        str(host),
+    )
     mesh = fmesh.make_mesh({"pp": 2, "dp": 3, "tp": 4})
     flat = fmesh.flatten(mesh, ("tp", "pp"))
     coord = fmesh.coordinate(mesh, rank)
@@ -168,10 +180,12 @@ def test_describe_without_rank_shows_example_groups() -> None:
 
 
 def test_describe_unflatten_matches_fmesh() -> None:
-    out = describe("world=24", unflattens=["world=dp:2,cp:3,tp:4"], rank=13,
-                   local_world_size=4)
-    mesh = fmesh.unflatten(fmesh.make_mesh({"world": 24}), "world",
-                           {"dp": 2, "cp": 3, "tp": 4})
+    out = describe(
+        "world=24", unflattens=["world=dp:2,cp:3,tp:4"], rank=13, local_world_size=4
+    )
+    mesh = fmesh.unflatten(
+        fmesh.make_mesh({"world": 24}), "world", {"dp": 2, "cp": 3, "tp": 4}
+    )
     rows = table(out)
     for name in mesh.axis_names:
         assert_shows(rows[name]["group of rank 13"], fmesh.group(mesh, name, 13))
@@ -203,9 +217,7 @@ def test_crossing_groups_matches_brute_force(
     layout, size = drawn
     values = layout.values()
     bases = layout.complement(size).values()
-    expected = sum(
-        1 for b in bases if len({(b + v) // host for v in values}) > 1
-    )
+    expected = sum(1 for b in bases if len({(b + v) // host for v in values}) > 1)
     assert crossing_groups(layout, size, host) == expected
 
 
@@ -239,8 +251,16 @@ def check_plan(out: str, mesh: fmesh.Mesh, flats: list[fmesh.Mesh], rank: int) -
 
 def test_plan_131072_ranks() -> None:
     rank = 70001
-    out = ok("plan", "--world", "131072", "pp=16,dp=256,cp=4,tp=8", "--rank", str(rank),
-             "--flatten", "dp,cp")
+    out = ok(
+        "plan",
+        "--world",
+        "131072",
+        "pp=16,dp=256,cp=4,tp=8",
+        "--rank",
+        str(rank),
+        "--flatten",
+        "dp,cp",
+    )
     mesh = fmesh.make_mesh({"pp": 16, "dp": 256, "cp": 4, "tp": 8})
     check_plan(out, mesh, [fmesh.flatten(mesh, ("dp", "cp"))], rank)
     assert f"rank {rank} of a 131072-rank world" in out
@@ -248,8 +268,18 @@ def test_plan_131072_ranks() -> None:
 
 def test_plan_2_to_the_20_ranks_with_a_reordered_flatten() -> None:
     rank = 2**20 - 3
-    out = ok("plan", "--world", "2**20", "pp=16,dp=1024,cp=8,tp=8", "--rank", str(rank),
-             "--flatten", "tp,cp", "--backend", "gloo")
+    out = ok(
+        "plan",
+        "--world",
+        "2**20",
+        "pp=16,dp=1024,cp=8,tp=8",
+        "--rank",
+        str(rank),
+        "--flatten",
+        "tp,cp",
+        "--backend",
+        "gloo",
+    )
     mesh = fmesh.make_mesh({"pp": 16, "dp": 1024, "cp": 8, "tp": 8})
     check_plan(out, mesh, [fmesh.flatten(mesh, ("tp", "cp"))], rank)
     assert "gloo communicator" in out
@@ -309,8 +339,9 @@ def readme_block(text: str) -> list[str] | None:
         if fenced:
             start = i + 1
         else:
-            opening = [j for j in range(i + 1, len(lines)) if lines[j].lstrip()
-                       .startswith("```")]
+            opening = [
+                j for j in range(i + 1, len(lines)) if lines[j].lstrip().startswith("```")
+            ]
             if not opening:
                 return []
             start = opening[0] + 1

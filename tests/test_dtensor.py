@@ -134,12 +134,9 @@ def dtensor_job(rank: int, world: int) -> dict[str, Any]:
         again = fmesh.realize(back_mesh)
         case["from_device_mesh_realized"] = {
             "created": again.created,
-            "same_groups": all(
-                again.group(a) is realized.group(a) for a in mesh.axis_names
-            ),
+            "same_groups": all(again.group(a) is realized.group(a) for a in mesh.axis_names),
             "ranks": {
-                a: tuple(dist.get_process_group_ranks(again.group(a)))
-                for a in mesh.axis_names
+                a: tuple(dist.get_process_group_ranks(again.group(a))) for a in mesh.axis_names
             },
         }
         out[name] = case
@@ -156,7 +153,9 @@ def job(
 ) -> tuple[int, list[dict[str, Any]]]:
     world: int = request.param
     reports = run_spawn(
-        dtensor_job, world, tmp_path=tmp_path_factory.mktemp(f"dtensor{world}"),
+        dtensor_job,
+        world,
+        tmp_path=tmp_path_factory.mktemp(f"dtensor{world}"),
         timeout=150,
     ).values()
     return world, reports
@@ -219,12 +218,9 @@ def test_from_device_mesh_round_trip(job: tuple[int, list[dict[str, Any]]]) -> N
         for rank, out in enumerate(reports):
             back = out[name]["from_device_mesh"]
             assert back["coordinate"] == fmesh.coordinate(mesh, rank)
-            assert back["groups"] == {
-                a: fmesh.group(mesh, a, rank) for a in mesh.axis_names
-            }
+            assert back["groups"] == {a: fmesh.group(mesh, a, rank) for a in mesh.axis_names}
             again = out[name]["from_device_mesh_realized"]
             # Same groups as the original mesh: nothing new is created.
             assert again["created"] == 0
             assert again["same_groups"] is True
             assert again["ranks"] == back["groups"]
-

@@ -39,9 +39,17 @@ def test_python_block_runs(index: int, tmp_path: Path) -> None:
     match = re.match(r"# torchrun --nproc-per-node (\d+)", first)
     if match:
         cmd = [
-            sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", "1", "--nproc-per-node", match.group(1),
-            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            match.group(1),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
             str(script),
         ]
     else:
@@ -69,9 +77,7 @@ def test_quick_start_demo_command_is_what_the_example_test_runs() -> None:
     demo = next(b for b in BASH if "examples/train_fsdp_tp.py" in b).strip()
     parts = [p.strip() for p in demo.split("&&")]
     assert parts[0] == "pip install torch==2.13.0"
-    assert parts[-1] == (
-        "torchrun --standalone --nproc-per-node 4 examples/train_fsdp_tp.py"
-    )
+    assert parts[-1] == ("torchrun --standalone --nproc-per-node 4 examples/train_fsdp_tp.py")
     example_test = (ROOT / "tests" / "test_example.py").read_text()
     assert "--standalone" in example_test
     assert "examples/train_fsdp_tp.py" in example_test

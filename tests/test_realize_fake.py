@@ -48,9 +48,7 @@ def brute_force_group(
     """The ranks of ``rank``'s group along ``axes`` (row-major over ``axes`` in the
     given order), by indexing the array of all ranks."""
     names = list(shape)
-    grid = np.arange(math.prod(shape.values()), dtype=np.int64).reshape(
-        tuple(shape.values())
-    )
+    grid = np.arange(math.prod(shape.values()), dtype=np.int64).reshape(tuple(shape.values()))
     coord = np.unravel_index(rank, grid.shape)
     index = tuple(slice(None) if n in axes else int(c) for n, c in zip(names, coord))
     sub: npt.NDArray[np.int64] = grid[index]
@@ -151,7 +149,12 @@ def test_trainer_mesh_at_a_million_ranks(tmp_path: Path) -> None:
     assert world == 2**20
     ranks = [0, world - 1, *random.Random(20).sample(range(1, world - 1), 2)]
     (reports,) = run_spawn(
-        trainer_job, 1, TRAINER_SHAPE, ranks, tmp_path=tmp_path, launch_env=False,
+        trainer_job,
+        1,
+        TRAINER_SHAPE,
+        ranks,
+        tmp_path=tmp_path,
+        launch_env=False,
         timeout=120,
     ).values()
     assert [r["rank"] for r in reports] == ranks
@@ -186,15 +189,20 @@ def test_sub_world_mesh_in_a_big_world(tmp_path: Path) -> None:
     outsiders = rng.sample(sorted(set(range(world)) - set(members)), 2)
     probes = [members[0], members[-1], *outsiders]
     (reports,) = run_spawn(
-        subworld_job, 1, world, members, probes, tmp_path=tmp_path, launch_env=False,
+        subworld_job,
+        1,
+        world,
+        members,
+        probes,
+        tmp_path=tmp_path,
+        launch_env=False,
         timeout=120,
     ).values()
     grid = np.asarray(members).reshape(4, len(members) // 4)
     for report in reports:
         rank = report["rank"]
         if rank in outsiders:
-            assert report == {"rank": rank, "coordinate": None, "groups": {},
-                              "created": 0}
+            assert report == {"rank": rank, "coordinate": None, "groups": {}, "created": 0}
             continue
         i, j = (int(x) for x in np.argwhere(grid == rank)[0])
         assert report["coordinate"] == (i, j)
@@ -231,13 +239,10 @@ def torch_job(_: int, __: int, shape: dict[str, int], ranks: list[int]) -> list[
             back = fmesh.from_device_mesh(dm)
             report["cases"][name] = {
                 "torch": {
-                    a: tuple(dist.get_process_group_ranks(dm.get_group(a)))
-                    for a in dim_names
+                    a: tuple(dist.get_process_group_ranks(dm.get_group(a))) for a in dim_names
                 },
                 "torch_coordinate": dm.get_coordinate(),
-                "fmesh": (
-                    _group_facts(realized[name]) if name in realized else None
-                ),
+                "fmesh": (_group_facts(realized[name]) if name in realized else None),
                 "from_device_mesh": back,
                 "from_device_mesh_groups": {
                     a: fmesh.group(back, a, rank) for a in back.axis_names
@@ -252,7 +257,12 @@ def test_same_groups_as_torch_init_device_mesh(tmp_path: Path) -> None:
     world = math.prod(SMALL_SHAPE.values())
     ranks = [0, world - 1, *random.Random(3).sample(range(1, world - 1), 3)]
     (reports,) = run_spawn(
-        torch_job, 1, SMALL_SHAPE, ranks, tmp_path=tmp_path, launch_env=False,
+        torch_job,
+        1,
+        SMALL_SHAPE,
+        ranks,
+        tmp_path=tmp_path,
+        launch_env=False,
         timeout=120,
     ).values()
     meshes = trainer_meshes(SMALL_SHAPE)

@@ -150,9 +150,7 @@ def axes_job(rank: int, world: int) -> dict[str, Any]:
     out["backend_other"] = {
         "created": other.created,
         "tp_new": other.group("tp") is not first["identity"].group("tp"),
-        "others_same": all(
-            other.group(a) is first["identity"].group(a) for a in ("pp", "dp")
-        ),
+        "others_same": all(other.group(a) is first["identity"].group(a) for a in ("pp", "dp")),
         "tp": _axis_facts(other, "tp"),
     }
     try:

@@ -29,9 +29,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Call]]:
         made.append(("split_group", tuple(split_ranks[0]), ""))
         return ("pg", tuple(split_ranks[0])) if ME in split_ranks[0] else None
 
-    def new_group(
-        ranks: tuple[int, ...], me: int, backend: str, *_: Any
-    ) -> object:
+    def new_group(ranks: tuple[int, ...], me: int, backend: str, *_: Any) -> object:
         made.append(("new_group", ranks, backend))
         return ("pg", ranks) if me in ranks else None
 

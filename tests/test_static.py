@@ -31,8 +31,12 @@ def test_mypy_config_is_strict_without_blanket_ignores() -> None:
 
 def test_type_ignores_name_an_error_code() -> None:
     offenders = []
-    for path in [*ROOT.glob("fmesh/**/*.py"), *ROOT.glob("tests/**/*.py"),
-                 *ROOT.glob("examples/**/*.py"), *ROOT.glob("bench/**/*.py")]:
+    for path in [
+        *ROOT.glob("fmesh/**/*.py"),
+        *ROOT.glob("tests/**/*.py"),
+        *ROOT.glob("examples/**/*.py"),
+        *ROOT.glob("bench/**/*.py"),
+    ]:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if "type: ignore" in line and "type: ignore[" not in line:
                 offenders.append(f"{path.relative_to(ROOT)}:{number}")
@@ -41,4 +45,9 @@ def test_type_ignores_name_an_error_code() -> None:
 
 def test_ruff_is_clean() -> None:
     result = _run(sys.executable, "-m", "ruff", "check", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_is_clean() -> None:
+    result = _run(sys.executable, "-m", "ruff", "format", "--check", ".")
     assert result.returncode == 0, result.stdout + result.stderr
