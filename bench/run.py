@@ -965,39 +965,26 @@ def bench_memory(b: Bench) -> None:
         skipped = f"skipped (ran past {limit + 30:.0f} s)"
     b.raw["memory"] = {"value": res, "realized_fmesh": f_tr, "realized_torch": t_tr}
     sec = "memory"
-    b.add(
-        Row(
-            sec,
-            "one mesh value: pickle size",
-            w,
-            "B",
-            res["fmesh"]["pickle"],
-            res["torch"]["pickle"],
-            note="torch: DeviceMesh without groups",
+    for key, label, note in (
+        ("pickle", "pickle size", "torch: DeviceMesh without groups"),
+        ("deep", "deep size", "sys.getsizeof over reachable objects (+ tensor storage)"),
+        (
+            "construct_peak",
+            "tracemalloc peak while constructing",
+            "Python allocations only (torch's tensor storage not seen)",
+        ),
+    ):
+        b.add(
+            Row(
+                sec,
+                f"one mesh value: {label}",
+                w,
+                "B",
+                res["fmesh"][key],
+                res["torch"][key],
+                note=note,
+            )
         )
-    )
-    b.add(
-        Row(
-            sec,
-            "one mesh value: deep size",
-            w,
-            "B",
-            res["fmesh"]["deep"],
-            res["torch"]["deep"],
-            note="sys.getsizeof over reachable objects (+ tensor storage)",
-        )
-    )
-    b.add(
-        Row(
-            sec,
-            "one mesh value: tracemalloc peak while constructing",
-            w,
-            "B",
-            res["fmesh"]["construct_peak"],
-            res["torch"]["construct_peak"],
-            note="Python allocations only (torch's tensor storage not seen)",
-        )
-    )
     for key, label in (("traced_retained", "retained"), ("traced_peak", "peak")):
         b.add(
             Row(

@@ -394,6 +394,17 @@ def _example_groups(axis: _Axis) -> str:
     return ", ".join(shown)
 
 
+def _axis_cells(axis: _Axis, host: int) -> list[str]:
+    """The columns every describe table starts with: axis, size, groups, layout, hosts."""
+    return [
+        axis.name,
+        str(axis.layout.size),
+        str(axis.num_groups),
+        str(axis.layout),
+        _placement(axis, host),
+    ]
+
+
 def describe(
     spec: str,
     *,
@@ -417,17 +428,7 @@ def describe(
     out.append("")
     if rank is None:
         header = ["axis", "size", "groups", "layout", "hosts", "example groups"]
-        rows = [
-            [
-                a.name,
-                str(a.layout.size),
-                str(a.num_groups),
-                str(a.layout),
-                _placement(a, host),
-                _example_groups(a),
-            ]
-            for a in axes
-        ]
+        rows = [[*_axis_cells(a, host), _example_groups(a)] for a in axes]
     else:
         coord = coordinate(mesh, rank)
         assert coord is not None  # checked above
@@ -446,15 +447,7 @@ def describe(
             f"group of rank {rank}",
         ]
         rows = [
-            [
-                a.name,
-                str(a.layout.size),
-                str(a.num_groups),
-                str(a.layout),
-                _placement(a, host),
-                str(a.coordinate(rank)),
-                format_ranks(a.group(rank)),
-            ]
+            [*_axis_cells(a, host), str(a.coordinate(rank)), format_ranks(a.group(rank))]
             for a in axes
         ]
     out.extend(_table(header, rows, right={1, 2, 5} if rank is not None else {1, 2}))

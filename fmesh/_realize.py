@@ -278,9 +278,7 @@ def _digest(*parts: object) -> str:
 
 
 def _group_name(ranks: tuple[int, ...], backend: str, options_id: int) -> str:
-    body = ",".join(map(str, ranks))
-    h = _digest(ranks[0], len(ranks), body, backend, options_id)[:20]
-    return f"fmesh_g{_state.generation}_{h}"
+    return f"fmesh_g{_state.generation}_{_digest(ranks, backend, options_id)[:20]}"
 
 
 def _new_group(
@@ -424,7 +422,7 @@ def realize(
             opt_ids,
         )
         cached = all(
-            (layout, mesh.index_size, rmap_key, b, o) in _state.axis_memo
+            _axis_key(mesh, layout, rmap_key, b, o) in _state.axis_memo
             for layout, b, o in zip(mesh.axes, backends, opt_ids)
         )
         # The check guards group creation; a fully memoized mesh creates nothing
@@ -451,15 +449,16 @@ def realize(
             _state.calls += 1
 
         coord = coordinate(mesh, me)
-        eager_split = getattr(world_pg, "bound_device_id", None) is not None
-        world_info = _World(pg=world_pg, size=world, backend=world_backend, fake=fake_world)
+        world_info = _World(
+            pg=world_pg,
+            size=world,
+            backend=world_backend,
+            fake=fake_world,
+            eager=getattr(world_pg, "bound_device_id", None) is not None,
+        )
         groups: dict[str, ProcessGroup] = {}
         created = 0
         for axis, (name, layout) in enumerate(zip(mesh.axis_names, mesh.axes)):
-            # With an eagerly initialized NCCL world, torch makes every NCCL group by
-            # splitting the world communicator, a collective over all ranks; an axis
-            # with a non-NCCL backend (say gloo) is made by its members alone.
-            split = eager_split and "nccl" in backends[axis]
             pg, made = _axis_group(
                 mesh,
                 axis,
@@ -472,7 +471,6 @@ def realize(
                 rmap_key,
                 timeout,
                 world_info,
-                split,
             )
             created += made
             if pg is not None:
@@ -504,6 +502,15 @@ class _World:
     size: int
     backend: str
     fake: bool
+    eager: bool
+    """The default group has a bound device (eagerly initialized NCCL)."""
+
+
+def _axis_key(
+    mesh: Mesh, layout: Layout, rmap_key: str, backend: str, options_id: int
+) -> tuple[object, ...]:
+    """The memo key of one axis: the same on every rank that realizes it."""
+    return (layout, mesh.index_size, rmap_key, backend, options_id)
 
 
 def _axis_group(
@@ -518,17 +525,19 @@ def _axis_group(
     rmap_key: str,
     timeout: datetime.timedelta | None,
     world: _World,
-    split: bool,
 ) -> tuple[ProcessGroup | None, int]:
     """This rank's group along one axis, from the memo or newly created."""
     name = mesh.axis_names[axis]
-    axis_key = (layout, mesh.index_size, rmap_key, backend, options_id)
+    axis_key = _axis_key(mesh, layout, rmap_key, backend, options_id)
     if axis_key in _state.axis_memo:
         _state.reused += 1
         return _state.axis_memo[axis_key], 0
 
     members = group(mesh, name, me) if coord is not None else None
-    world_collective = split and layout.size > 1 and not world.fake
+    # With an eagerly initialized NCCL world, torch makes every NCCL group by
+    # splitting the world communicator, a collective over all ranks; an axis with a
+    # non-NCCL backend (say gloo), or of size 1, is made by its members alone.
+    world_collective = world.eager and "nccl" in backend and layout.size > 1 and not world.fake
     if layout.size == 1:
         # One member: nothing to communicate, so no NCCL communicator; DTensor skips
         # collectives on size-1 mesh dims but still needs a group per dimension.

@@ -57,8 +57,10 @@ def _run(mesh: fmesh.Mesh, axis: str, me: int = ME, backend: str = "nccl") -> ob
         0,
         _realize._rank_map_key(mesh),
         None,
-        _realize._World(pg=WORLD_PG, size=8, backend="cpu:gloo,cuda:nccl", fake=False),
-        True,  # split: an NCCL axis of an eagerly initialized world
+        # An eagerly initialized NCCL world (a bound device).
+        _realize._World(
+            pg=WORLD_PG, size=8, backend="cpu:gloo,cuda:nccl", fake=False, eager=True
+        ),
     )
     return pg
 
