@@ -9,7 +9,10 @@ from ._errors import LaunchError as LaunchError
 from ._errors import MeshError as MeshError
 from ._errors import MeshMismatchError as MeshMismatchError
 from ._errors import UnrepresentableSplitError as UnrepresentableSplitError
+from ._interop import from_device_mesh as from_device_mesh
 from ._layout import Layout as Layout
+from ._memo import cache_stats as cache_stats
+from ._memo import destroy as destroy
 from ._mesh import Mesh as Mesh
 from ._mesh import make_mesh as make_mesh
 from ._ops import coordinate as coordinate
@@ -20,12 +23,9 @@ from ._ops import instances as instances
 from ._ops import rename as rename
 from ._ops import slice as slice  # noqa: A004 - the contract's name; shadows builtin
 from ._ops import unflatten as unflatten
-from ._realize import CacheStats as CacheStats
-from ._realize import RealizedMesh as RealizedMesh
-from ._realize import cache_stats as cache_stats
-from ._realize import destroy as destroy
-from ._realize import from_device_mesh as from_device_mesh
 from ._realize import realize as realize
+from ._realized import CacheStats as CacheStats
+from ._realized import RealizedMesh as RealizedMesh
 
 __version__ = "0.1.0"
 

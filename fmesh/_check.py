@@ -21,7 +21,7 @@ from ._mesh import Mesh
 from ._ops import index_of, rank_of
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store
+    from ._c10d import Store
 
 __all__ = ["CallRecord", "compare_with_neighbours", "diagnose", "record_failure"]
 

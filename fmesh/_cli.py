@@ -28,9 +28,10 @@ import numpy.typing as npt
 
 from ._errors import MeshError
 from ._layout import Layout
+from ._memo import cache_stats, destroy
 from ._mesh import Mesh, make_mesh
 from ._ops import coordinate, flatten, group, rank_of, unflatten
-from ._realize import cache_stats, destroy, realize
+from ._realize import realize
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

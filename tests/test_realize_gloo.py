@@ -92,7 +92,6 @@ def _realized_facts(realized: fmesh.RealizedMesh) -> dict[str, Any]:
         for what, call in (
             ("group", lambda: realized.group(realized.mesh.axis_names[0])),
             ("local_rank", lambda: realized.local_rank(realized.mesh.axis_names[0])),
-            ("to_device_mesh", lambda: realized.to_device_mesh("cpu")),
         ):
             try:
                 call()
@@ -100,6 +99,9 @@ def _realized_facts(realized: fmesh.RealizedMesh) -> dict[str, Any]:
                 facts[f"{what}_error"] = (type(err).__name__, str(err))
             else:
                 facts[f"{what}_error"] = None
+        # As on torch's own mesh over part of the world: a non-participating rank.
+        dm = realized.to_device_mesh("cpu")
+        facts["device_mesh_outside"] = (dm.get_coordinate(), dm.size(), dm.mesh.tolist())
     else:
         facts["axes"] = {a: _axis_facts(realized, a) for a in realized.mesh.axis_names}
     return facts
@@ -283,7 +285,9 @@ def test_non_members_get_no_coordinate_and_no_groups(axes: list[dict[str, Any]])
         assert facts["coordinate"] is None
         assert facts["n_groups"] == 0
         assert facts["created"] == 0
-        for what in ("group", "local_rank", "to_device_mesh"):
+        instance = fmesh.instance(mesh, SUBWORLD[0]).tolist()
+        assert facts["device_mesh_outside"] == (None, mesh.size, instance)
+        for what in ("group", "local_rank"):
             error = facts[f"{what}_error"]
             assert error is not None, what
             assert error[0] == "MeshError"

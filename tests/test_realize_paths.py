@@ -8,67 +8,75 @@ never split) by recording the calls realize would make. They do not run NCCL.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch.distributed as dist
 
 import fmesh
-from fmesh import _realize
+from fmesh import _c10d, _check, _memo, _realize
 
 Call = tuple[str, tuple[int, ...], str]
 
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Call]]:
-    """Record split_group and member-created groups instead of making them."""
+    """Record world splits and member-created groups instead of making them."""
     made: list[Call] = []
 
-    def split_group(*, split_ranks: list[list[int]], **_: Any) -> object:
-        made.append(("split_group", tuple(split_ranks[0]), ""))
-        return ("pg", tuple(split_ranks[0])) if ME in split_ranks[0] else None
+    def split_from_world(ranks: tuple[int, ...], backend: str, *_: Any) -> object:
+        made.append(("split_group", tuple(ranks), backend))
+        return ("pg", tuple(ranks)) if ME in ranks else None
 
-    def new_group(ranks: tuple[int, ...], me: int, backend: str, *_: Any) -> object:
-        made.append(("new_group", ranks, backend))
-        return ("pg", ranks) if me in ranks else None
+    def new_named_group(ranks: tuple[int, ...], me: int, backend: str, *_: Any) -> object:
+        made.append(("new_group", tuple(ranks), backend))
+        return ("pg", tuple(ranks)) if me in ranks else None
 
-    monkeypatch.setattr(dist, "split_group", split_group)
-    monkeypatch.setattr(_realize, "_new_group", new_group)
-    _realize._state.reset()
+    monkeypatch.setattr(_c10d, "split_from_world", split_from_world)
+    monkeypatch.setattr(_c10d, "new_named_group", new_named_group)
+    monkeypatch.setattr(_c10d, "default_timeout", lambda _: datetime.timedelta(seconds=1))
+    _memo.state.reset()
     yield made
-    _realize._state.reset()
+    _memo.state.reset()
 
 
 ME = 5
 WORLD_PG: Any = object()  # stands for the default group; only compared by identity
+RECORD = _check.CallRecord(prefix="test/", call=0, digest="", summary="")
 
 
-def _run(mesh: fmesh.Mesh, axis: str, me: int = ME, backend: str = "nccl") -> object:
+def _run(
+    mesh: fmesh.Mesh,
+    axis: str,
+    me: int = ME,
+    backend: str = "nccl",
+    explicit: bool = False,
+) -> object:
     pos = mesh.axis_names.index(axis)
-    pg, _ = _realize._axis_group(
-        mesh,
-        pos,
-        mesh.axes[pos],
-        me,
-        fmesh.coordinate(mesh, me),
-        backend,
-        None,
-        0,
-        _realize._rank_map_key(mesh),
-        None,
-        # An eagerly initialized NCCL world (a bound device).
-        _realize._World(
-            pg=WORLD_PG, size=8, backend="cpu:gloo,cuda:nccl", fake=False, eager=True
-        ),
+    coord = fmesh.coordinate(mesh, me)
+    request = _realize._AxisRequest(
+        mesh=mesh,
+        name=axis,
+        layout=mesh.axes[pos],
+        members=None if coord is None else fmesh.group(mesh, axis, me),
+        backend=backend,
+        options=None,
+        options_id=0,
+        explicit=explicit,
     )
+    # An eagerly initialized NCCL world (a bound device).
+    world = _realize._World(
+        pg=WORLD_PG, size=8, rank=me, backend="cpu:gloo,cuda:nccl", fake=False, eager=True
+    )
+    pg, _ = _realize._axis_group(request, world, None, RECORD)
     return pg
 
 
 def test_ascending_axis_is_split_from_the_world(calls: list[Call]) -> None:
     mesh = fmesh.make_mesh({"dp": 2, "tp": 4})
     assert _run(mesh, "tp") == ("pg", fmesh.group(mesh, "tp", ME))
-    assert calls == [("split_group", fmesh.group(mesh, "tp", ME), "")]
+    assert calls == [("split_group", fmesh.group(mesh, "tp", ME), "nccl")]
 
 
 def test_non_ascending_axis_keeps_coordinate_order(calls: list[Call]) -> None:
@@ -121,3 +129,19 @@ def test_each_axis_key_is_created_once(calls: list[Call]) -> None:
     again = _run(fmesh.slice(mesh, "tp"), "tp")
     assert first is again
     assert len(calls) == 1
+
+
+def test_size_one_axis_honours_a_backend_named_for_it(calls: list[Call]) -> None:
+    mesh = fmesh.make_mesh({"pp": 1, "dp": 8})
+    assert _run(mesh, "pp", backend="nccl", explicit=True) == ("pg", (ME,))
+    assert calls == [("new_group", (ME,), "nccl")]
+
+
+def test_split_passes_the_axis_backend(calls: list[Call]) -> None:
+    mesh = fmesh.make_mesh({"dp": 2, "tp": 4})
+    _run(mesh, "tp", backend="nccl", explicit=True)
+    _run(mesh, "dp", backend="gloo", explicit=True)
+    assert calls == [
+        ("split_group", fmesh.group(mesh, "tp", ME), "nccl"),
+        ("new_group", fmesh.group(mesh, "dp", ME), "gloo"),
+    ]

@@ -1,0 +1,266 @@
+"""Every private torch name fmesh uses, in one place, gated where torch changed.
+
+fmesh supports torch 2.11 through 2.15. Everything here reaches into torch internals
+(names that start with an underscore, or attributes torch does not document); the
+rest of the package calls these small typed functions and torch's public API only,
+and ``tests/test_static.py`` fails if a private torch name appears anywhere else.
+
+What changed across the range, and where it matters:
+
+* ``_new_process_group_helper`` returns ``ProcessGroup | Literal[-100]`` (2.14) or a
+  ``_NonGroupMember`` (2.15) for non-members instead of ``None`` (2.11-2.13).
+* ``split_group`` takes ``backend=`` from 2.13 on; 2.15 returns a non-member sentinel.
+* ``DeviceMesh._layout`` is a pycute layout with nested modes on 2.11 and a tuple of
+  ``_FlatLayout`` axes from 2.13 on; flattened layouts normalize differently.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import torch
+    from torch._C._distributed_c10d import Backend as _C10dBackend
+    from torch._C._distributed_c10d import Store
+    from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = [
+    "BackendOptions",
+    "GroupSpec",
+    "Store",
+    "add_flatten",
+    "default_store",
+    "default_timeout",
+    "device_mesh_axes",
+    "device_mesh_rank_map",
+    "fake_store",
+    "is_live",
+    "make_device_mesh",
+    "new_named_group",
+    "split_from_world",
+    "torch_version",
+]
+
+Modes = tuple[tuple[int, int], ...]
+"""One axis as (size, stride) modes, row-major, as ``fmesh.Layout.modes``."""
+if TYPE_CHECKING:
+    BackendOptions = _C10dBackend.Options
+    """Options for a c10d backend (e.g. ``ProcessGroupNCCL.Options``)."""
+GroupSpec = tuple[str, Any]
+"""What a DeviceMesh needs of one dimension's group: its name and the group."""
+
+
+@functools.cache
+def torch_version() -> tuple[int, int]:
+    """(major, minor) of the installed torch."""
+    import torch
+
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+# -- c10d -------------------------------------------------------------------------------
+
+
+def default_store() -> Store:
+    """The default group's store (where torch's own rendezvous keys live)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d._get_default_store()
+
+
+def default_timeout(backend: str) -> datetime.timedelta:
+    """torch's default creation/collective timeout for ``backend``."""
+    from torch.distributed import Backend
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d._get_default_timeout(Backend(backend))
+
+
+def is_live(pg: ProcessGroup) -> bool:
+    """Whether torch still holds ``pg`` (not destroyed)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return pg in c10d._world.pg_map
+
+
+def _member_or_none(pg: object) -> ProcessGroup | None:
+    from torch.distributed import ProcessGroup
+
+    return pg if isinstance(pg, ProcessGroup) else None
+
+
+def new_named_group(
+    ranks: Sequence[int],
+    me: int,
+    backend: str,
+    options: object,
+    timeout: datetime.timedelta,
+    name: str,
+    desc: str,
+) -> ProcessGroup | None:
+    """Create one group, ranks in the order given (never sorted), under our name.
+
+    torch's own local-synchronization names hash the number of groups a process
+    already holds, which differs between ranks of different meshes and would split the
+    rendezvous; so fmesh names groups itself through torch's group constructor.
+    Non-members get ``None``.
+    """
+    from torch.distributed import Backend, group
+    from torch.distributed import distributed_c10d as c10d
+
+    world = group.WORLD
+    assert world is not None  # realize initialized it
+    pg, _ = c10d._new_process_group_helper(
+        len(ranks),
+        ranks.index(me) if me in ranks else -1,
+        list(ranks),
+        Backend(backend),
+        c10d._get_default_store(),
+        group_name=c10d.GroupName(name),
+        backend_options=options,
+        timeout=timeout,
+        group_desc=desc,
+        device_id=world.bound_device_id,
+    )
+    member = _member_or_none(pg)
+    if member is None or me not in ranks:
+        return None
+    # Keep coordinate order: torch reads group ranks from this table.
+    c10d._world.pg_group_ranks[member] = {g: i for i, g in enumerate(ranks)}
+    return member
+
+
+def split_from_world(
+    ranks: Sequence[int],
+    backend: str,
+    options: object,
+    timeout: datetime.timedelta | None,
+    desc: str,
+) -> ProcessGroup | None:
+    """``split_group`` of the eagerly initialized world (sorts ranks; collective)."""
+    import torch.distributed as dist
+
+    kwargs: dict[str, Any] = {}
+    if torch_version() >= (2, 13):
+        kwargs["backend"] = backend
+    pg = dist.split_group(
+        split_ranks=[list(ranks)],
+        timeout=timeout,
+        pg_options=cast(Any, options),
+        group_desc=desc,
+        **kwargs,
+    )
+    return _member_or_none(pg)
+
+
+def fake_store() -> Store:
+    """A store for torch's ``fake`` backend (one process plays one rank)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    return FakeStore()
+
+
+# -- DeviceMesh -------------------------------------------------------------------------
+
+
+def _torch_layout(axes: Sequence[Modes]) -> Any:
+    """torch's mesh layout for one dimension per entry of ``axes``."""
+    if torch_version() >= (2, 13):
+        from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
+
+        return _MeshLayout(
+            [_FlatLayout(tuple(s for s, _ in m), tuple(d for _, d in m)) for m in axes]
+        )
+    from torch.distributed._mesh_layout import _MeshLayout as _OldLayout
+
+    shape = tuple(m[0][0] if len(m) == 1 else tuple(s for s, _ in m) for m in axes)
+    stride = tuple(m[0][1] if len(m) == 1 else tuple(d for _, d in m) for m in axes)
+    return cast(Any, _OldLayout)(shape, stride)
+
+
+def _flattened_layout(modes: Modes) -> Any:
+    """The layout torch's ``_flatten`` computes for a 1-d mesh over ``modes``."""
+    if torch_version() >= (2, 13):
+        from torch.distributed._mesh_layout import _MeshLayout
+
+        return _MeshLayout([_torch_layout([modes]).collapse()])
+    layout = _torch_layout([((s, d),) for s, d in modes]).coalesce()
+    return layout.nest() if len(layout) > 1 else layout
+
+
+def _flat_modes(shape: object, stride: object) -> Modes:
+    def flat(x: object) -> list[int]:
+        if isinstance(x, int):
+            return [x]
+        assert isinstance(x, tuple)
+        return [v for item in x for v in flat(item)]
+
+    return tuple(zip(flat(shape), flat(stride), strict=True))
+
+
+def device_mesh_axes(device_mesh: DeviceMesh) -> list[Modes]:
+    """Each dimension of ``device_mesh`` as (size, stride) modes over its rank map."""
+    layout: Any = device_mesh._layout
+    if torch_version() >= (2, 13):
+        return [_flat_modes(ax.shape, ax.stride) for ax in layout]
+    return [_flat_modes(layout[i].shape, layout[i].stride) for i in range(len(layout))]
+
+
+def device_mesh_rank_map(device_mesh: DeviceMesh) -> tuple[int, ...]:
+    """The rank map the layout of ``device_mesh`` indexes (its root's, for slices)."""
+    return tuple(int(r) for r in device_mesh._rank_map.tolist())
+
+
+def make_device_mesh(
+    device_type: str,
+    axes: Sequence[Modes],
+    rank_map: torch.Tensor,
+    names: tuple[str, ...],
+    groups: Sequence[GroupSpec] | None,
+    root: DeviceMesh | None,
+) -> DeviceMesh:
+    """A DeviceMesh over ``rank_map`` with ``axes``, using existing groups.
+
+    ``groups`` is one (name, group) per dimension for a member rank, or ``None`` on
+    a rank outside the mesh (torch's non-participating rank: no groups). ``root`` is
+    the root mesh this one is a slice of, or ``None`` to make a root.
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+
+    dm = DeviceMesh(
+        device_type,
+        _layout=_torch_layout(axes),
+        _rank_map=rank_map,
+        mesh_dim_names=names,
+        _root_mesh=root,
+        _init_backend=False,
+    )
+    registry = (root if root is not None else dm)._pg_registry
+    cast(Any, dm)._dim_group_names = [name for name, _ in groups or ()]
+    for name, pg in groups or ():
+        registry[name] = pg
+    return dm
+
+
+def add_flatten(root: DeviceMesh, name: str, modes: Modes, group: GroupSpec) -> bool:
+    """Register an existing 1-d group where torch's ``_flatten`` looks first.
+
+    Afterwards ``submesh._flatten(name)`` over the same layout returns this mesh and
+    its group instead of creating new groups. Returns False (and registers nothing)
+    when ``name`` is a dimension of ``root`` or already names another layout.
+    """
+    if name in (root.mesh_dim_names or ()):
+        return False
+    layout = _flattened_layout(modes)
+    known = root._flatten_mapping.get(name)
+    if known is not None:
+        return bool(known._layout == layout)
+    flat = make_device_mesh(root.device_type, [modes], root._rank_map, (name,), [group], root)
+    flat._layout = layout
+    root._flatten_mapping[name] = flat
+    return True

@@ -1,0 +1,160 @@
+"""Starting the default process group from the torchrun environment, and checking
+the arguments that name backends, devices and timeouts before torch sees them.
+
+torch is imported inside the functions, never by ``import fmesh``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+
+from ._errors import LaunchError, MeshError
+
+__all__ = [
+    "check_backend",
+    "check_device_type",
+    "check_timeout",
+    "ensure_default_group",
+]
+
+logger = logging.getLogger("fmesh")
+
+_LAUNCH_HELP = """\
+fmesh.realize() found no default process group and cannot create one: the torchrun
+environment variables {missing} are not set.
+
+Launch the script with torchrun, which sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR
+and MASTER_PORT for every process, e.g.
+
+    torchrun --standalone --nproc-per-node 4 train.py
+
+or call torch.distributed.init_process_group(...) yourself before realize()."""
+
+_DEVICE_HELP = """\
+fmesh.realize() would start NCCL on cuda:{local_rank} (LOCAL_RANK={local_rank}), but this
+process sees {count} CUDA device(s) (cuda:0..cuda:{last}). Either:
+
+  * launch at most {count} process(es) per node (torchrun --nproc-per-node {count}),
+  * or ask for a CPU world: fmesh.realize(mesh, backend="gloo"),
+  * or initialize the default group yourself before realize()
+    (torch.distributed.init_process_group(...))."""
+
+
+def check_timeout(timeout: object, fn: str) -> datetime.timedelta | None:
+    """``timeout`` as a positive timedelta or ``None``; clear errors otherwise."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, datetime.timedelta):
+        raise TypeError(
+            f"{fn}() timeout must be a datetime.timedelta, got {timeout!r}; "
+            "e.g. timeout=datetime.timedelta(seconds=60)"
+        )
+    if timeout.total_seconds() <= 0:
+        raise MeshError(
+            f"{fn}() timeout must be positive, got {timeout!r}; pass e.g. "
+            "datetime.timedelta(seconds=60), or None for the default"
+        )
+    return timeout
+
+
+def check_backend(backend: object, where: str) -> str:
+    """A backend string torch knows: ``"gloo"``, ``"nccl"``, ``"cpu:gloo,cuda:nccl"``."""
+    from torch.distributed import Backend
+
+    if not isinstance(backend, str):
+        raise TypeError(f"{where}: a backend must be a str, got {backend!r}")
+    known = [b for b in Backend.backend_list if b != Backend.UNDEFINED]
+    parts = [p.strip() for p in backend.lower().split(",")]
+    for part in parts:
+        device, sep, name = part.rpartition(":")
+        if (sep and not device) or name not in known:
+            raise MeshError(
+                f"{where}: unknown backend {backend!r}; expected one of {known}, or "
+                "device:backend pairs such as 'cpu:gloo,cuda:nccl' (register a custom "
+                "backend with torch.distributed.Backend.register_backend first)"
+            )
+    return backend
+
+
+def check_device_type(device_type: object, where: str) -> str:
+    """A device type torch can use on this machine (``"cpu"``, ``"cuda"``, ...)."""
+    import torch
+
+    if not isinstance(device_type, str):
+        raise TypeError(f"{where}: device_type must be a str, got {device_type!r}")
+    try:
+        device = torch.device(device_type)
+    except RuntimeError:
+        raise MeshError(
+            f"{where}: {device_type!r} is not a torch device type; expected e.g. "
+            "'cpu' or 'cuda'"
+        ) from None
+    if device.index is not None:
+        raise MeshError(
+            f"{where}: pass a device type without an index, e.g. 'cuda' rather than "
+            f"{device_type!r}; each rank uses its current device"
+        )
+    if device.type == "cpu":
+        return device.type
+    module = getattr(torch, device.type, None)
+    available = getattr(module, "is_available", None)
+    if available is None or not available():
+        raise MeshError(
+            f"{where}: device type {device_type!r} is not available in this process "
+            f"(torch {torch.__version__}); use 'cpu', or run on a machine with that "
+            "device"
+        )
+    return device.type
+
+
+def ensure_default_group(backend: str | None) -> None:
+    """Initialize the default group from the torchrun environment if there is none.
+
+    ``backend`` is the global backend the caller asked realize for, or ``None``: then
+    NCCL with a bound device when CUDA is available, gloo otherwise.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    needed = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    missing = [v for v in needed if v not in os.environ]
+    if missing:
+        raise LaunchError(_LAUNCH_HELP.format(missing=", ".join(missing)))
+    if "LOCAL_RANK" not in os.environ:
+        raise LaunchError(
+            "fmesh.realize() found RANK and WORLD_SIZE but no LOCAL_RANK, so it cannot "
+            "tell which device this process owns. Launch with torchrun (it sets "
+            "LOCAL_RANK), set LOCAL_RANK yourself, or call "
+            "torch.distributed.init_process_group(...) before realize()."
+        )
+    try:
+        local_rank = int(os.environ["LOCAL_RANK"])
+    except ValueError:
+        raise LaunchError(
+            f"LOCAL_RANK={os.environ['LOCAL_RANK']!r} is not an integer"
+        ) from None
+    wants_nccl = (
+        "nccl" in backend.lower() if backend is not None else torch.cuda.is_available()
+    )
+    if not wants_nccl:
+        dist.init_process_group(backend=backend or "gloo")
+    else:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not 0 <= local_rank < count:
+            raise LaunchError(
+                _DEVICE_HELP.format(local_rank=local_rank, count=count, last=count - 1)
+            )
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group(backend=backend or "cpu:gloo,cuda:nccl", device_id=device)
+    logger.info(
+        "fmesh: initialized the default process group (%s) from the torchrun "
+        "environment, rank %d of %d",
+        dist.get_backend(),
+        dist.get_rank(),
+        dist.get_world_size(),
+    )

@@ -1,0 +1,177 @@
+"""The process-wide memo of process groups, and the lock discipline around it.
+
+One :class:`State` per process. Its lock guards only dictionary updates: nothing
+holds it while waiting on peers (group creation, the cross-rank agreement), so
+``cache_stats()``, ``destroy()`` and realize calls from other threads stay
+responsive. A group being created by one thread is marked *in flight*; another
+thread that needs the same group waits for that creation instead of making it twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+
+from ._layout import Layout
+from ._mesh import Mesh
+from ._rankmap import rank_map_info
+from ._realized import CacheStats
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = [
+    "State",
+    "WorldKey",
+    "cache_stats",
+    "destroy",
+    "digest",
+    "rank_map_key",
+    "state",
+    "world_key",
+]
+
+logger = logging.getLogger("fmesh")
+
+T = TypeVar("T")
+WorldKey = tuple[int, str]
+"""(index space size, rank-map digest): the rank space a mesh lives in."""
+
+
+def digest(*parts: object) -> str:
+    """A short content hash, equal on every rank for equal inputs."""
+    return hashlib.sha1(repr(parts).encode(), usedforsecurity=False).hexdigest()
+
+
+def rank_map_key(mesh: Mesh) -> str:
+    return "" if mesh.rank_map is None else rank_map_info(mesh.rank_map).digest
+
+
+def world_key(mesh: Mesh) -> WorldKey:
+    return (mesh.index_size, rank_map_key(mesh))
+
+
+@attrs.define
+class State:
+    """Everything fmesh holds per process (reset by :func:`destroy`)."""
+
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+    world: object | None = None
+    """The default group the memo belongs to."""
+    generation: int = 0
+    axis_memo: dict[Hashable, ProcessGroup | None] = attrs.field(factory=dict)
+    group_memo: dict[Hashable, ProcessGroup] = attrs.field(factory=dict)
+    in_flight: dict[Hashable, threading.Event] = attrs.field(factory=dict)
+    created_pgs: list[ProcessGroup] = attrs.field(factory=list)
+    options_ids: dict[int, tuple[object, int]] = attrs.field(factory=dict)
+    named_axes: dict[WorldKey, dict[str, tuple[Layout, ProcessGroup] | None]] = attrs.field(
+        factory=dict
+    )
+    """Per rank space: axis name -> (layout, group) this rank realized, or ``None``
+    when the name was realized with two different layouts (ambiguous)."""
+    device_meshes: dict[tuple[Mesh, str], Any] = attrs.field(factory=dict)
+    """to_device_mesh memo: (mesh, device type) -> DeviceMesh."""
+    roots: dict[tuple[WorldKey, str], list[tuple[Mesh, Any]]] = attrs.field(factory=dict)
+    """Root DeviceMeshes per (rank space, device type), with the mesh of their dims."""
+    created: int = 0
+    reused: int = 0
+    calls: int = 0
+    """Realize calls made in this generation (numbers the cross-rank agreement)."""
+
+    def reset(self) -> None:
+        self.axis_memo.clear()
+        self.group_memo.clear()
+        self.created_pgs.clear()
+        self.options_ids.clear()
+        self.named_axes.clear()
+        self.device_meshes.clear()
+        self.roots.clear()
+        self.calls = 0
+        self.generation += 1
+
+    def options_ordinal(self, options: object) -> int:
+        """A rank-independent id for an options object: its order of first use."""
+        if options is None:
+            return 0
+        entry = self.options_ids.get(id(options))
+        if entry is None or entry[0] is not options:
+            entry = (options, len(self.options_ids) + 1)
+            self.options_ids[id(options)] = entry
+        return entry[1]
+
+    def once(
+        self,
+        key: Hashable,
+        lookup: Callable[[], T | None],
+        make: Callable[[], T],
+        store: Callable[[T], None],
+    ) -> T:
+        """The memoized value for ``key``: ``lookup`` under the lock, else ``make`` it.
+
+        ``make`` runs without the lock, at most once at a time per key: a thread that
+        finds another one making the same key waits for it and looks up again.
+        ``store`` records the made value, under the lock.
+        """
+        while True:
+            with self.lock:
+                found = lookup()
+                if found is not None:
+                    return found
+                event = self.in_flight.get(key)
+                mine = event is None
+                if event is None:
+                    event = self.in_flight[key] = threading.Event()
+            if mine:
+                break
+            event.wait()
+        try:
+            value = make()
+            with self.lock:
+                store(value)
+            return value
+        finally:
+            with self.lock:
+                del self.in_flight[key]
+            event.set()
+
+
+state = State()
+
+
+def cache_stats() -> CacheStats:
+    """Counters of groups created and reused by :func:`realize` in this process.
+
+    >>> from fmesh import cache_stats
+    >>> cache_stats().created >= 0
+    True
+    """
+    with state.lock:
+        return CacheStats(
+            created=state.created, reused=state.reused, live=len(state.created_pgs)
+        )
+
+
+def destroy() -> None:
+    """Destroy every process group fmesh created; a later :func:`realize` works again.
+
+    The default (world) group is left alone, even when fmesh initialized it; tear it
+    down with ``torch.distributed.destroy_process_group()``.
+    """
+    import torch.distributed as dist
+
+    from ._c10d import is_live
+
+    with state.lock:
+        pgs = list(state.created_pgs)
+        state.reset()
+        state.created = 0
+        state.reused = 0
+    for pg in pgs:
+        if is_live(pg):
+            dist.destroy_process_group(pg)
+    logger.info("fmesh.destroy: destroyed %d groups", len(pgs))
