@@ -197,9 +197,10 @@ def plan_from_spec(mesh: Mesh, spec: PartitionSpec, ndim: int) -> ShardPlan:
     >>> plan_from_spec(make_mesh({"dp": 2, "tp": 4}), P(("tp", "dp")), 1)
     ((0, 4), (0, 1))
     """
+    dims = spec_dims(mesh, spec, ndim)
     sizes = mesh.axis_sizes
     plan: list[tuple[int, int] | None] = [None] * mesh.ndim
-    for tensor_dim, axes in enumerate(spec_dims(mesh, spec, ndim)):
+    for tensor_dim, axes in enumerate(dims):
         for position, axis in enumerate(axes):
             factor = math.prod(sizes[a] for a in axes[:position] if a > axis)
             plan[axis] = (tensor_dim, factor)
