@@ -25,6 +25,7 @@ from strategies import axis_names, axis_sizes, partition_specs
 
 import fmesh
 from fmesh import AxisNotFoundError, MeshError, P, PartitionSpec
+from fmesh._distribute import _spec_from_order
 from fmesh._spec import plan_from_spec, spec_from_plan
 
 # -- the value ----------------------------------------------------------------------------
@@ -175,6 +176,17 @@ def test_undecodable_plan() -> None:
         spec_from_plan(MESH, (None, (0, 2)))
     with pytest.raises(MeshError, match=r"one entry per mesh axis: 2"):
         spec_from_plan(MESH, ((0, 1),))
+
+
+def test_spec_from_an_explicit_shard_order() -> None:
+    """A DTensor whose spec carries a shard order its plain Shards do not show."""
+    cube = fmesh.make_mesh({"a": 2, "b": 3, "c": 4})
+    plan = [(0, 1), None, (0, 1)]
+    assert _spec_from_order(cube, plan, ((0, (2, 0)),)) == P(("c", "a"))
+    with pytest.raises(MeshError, match=r"mixes strided shards with an explicit shard order"):
+        _spec_from_order(cube, [(0, 4), None, (0, 1)], ((0, (2, 0)),))
+    with pytest.raises(MeshError, match=r"shard order .* does not match its placements"):
+        _spec_from_order(cube, plan, ((0, (2, 1)),))
 
 
 # -- the plan against two independent models -----------------------------------------------

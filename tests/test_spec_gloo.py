@@ -243,6 +243,8 @@ def _error_cases(realized: fmesh.RealizedMesh, full: Any) -> dict[str, Any]:
     import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
+    from fmesh._c10d_spec import strided_shard
+
     cases = {
         "unknown_axis": lambda: fmesh.distribute(full, realized, P("nope")),
         "too_many_entries": lambda: fmesh.distribute(full, realized, P("dp", None, None)),
@@ -262,6 +264,13 @@ def _error_cases(realized: fmesh.RealizedMesh, full: Any) -> dict[str, Any]:
             fmesh.distribute(full, realized, P("dp")), fmesh.make_mesh({"dp": 2, "sp": 4})
         ),
         "spec_of_not_dtensor": lambda: fmesh.spec_of(full, realized.mesh),
+        # What a view can leave: tp keeps every 4th of 8 row pieces (interleaved rows).
+        "spec_of_interleaved": lambda: fmesh.spec_of(
+            DTensor.from_local(
+                full[:2], realized.to_device_mesh(), [Replicate(), strided_shard(0, 2)]
+            ),
+            realized.mesh,
+        ),
     }
     return {name: _capture(fn) for name, fn in cases.items()}
 
@@ -423,6 +432,11 @@ ERRORS = {
         r"Mesh\(dp=2, sp=4\)",
     ),
     "spec_of_not_dtensor": ("TypeError", r"spec_of\(\) needs a DTensor, got Tensor"),
+    "spec_of_interleaved": (
+        "MeshError",
+        r"mesh axis 'tp' splits tensor dim 0 with split factor 2, which no order .* "
+        r"PartitionSpec cannot express this sharding",
+    ),
 }
 
 
@@ -443,3 +457,23 @@ def test_non_member_ranks_get_a_mesh_error(reports: list[dict[str, Any]]) -> Non
         else:
             assert result[:2] == ("error", "MeshError"), result
             assert f"rank {rank} is not in Mesh(dp=2, tp=2" in result[2]
+
+
+# -- placements, in the parent (torch, no process group) ------------------------------------
+
+
+def test_placements_per_mesh_axis() -> None:
+    from torch.distributed.tensor import Replicate, Shard
+
+    from fmesh._c10d_spec import strided_shard, strided_shard_parts
+
+    mesh = fmesh.make_mesh({"dp": 2, "cp": 3, "tp": 4})
+    assert fmesh.placements(mesh, P(None, "tp"), 2) == (Replicate(), Replicate(), Shard(1))
+    assert fmesh.placements(mesh, P(("dp", "tp"), "cp"), 2) == (Shard(0), Shard(1), Shard(0))
+    got = fmesh.placements(mesh, P(("tp", "cp", "dp")), 1)
+    assert got == (strided_shard(0, 12), strided_shard(0, 4), Shard(0))
+    assert [strided_shard_parts(p) for p in got] == [(0, 12), (0, 4), None]
+    realized_free = fmesh.placements(mesh, P(), 0)
+    assert realized_free == (Replicate(),) * 3
+    with pytest.raises(TypeError, match=r"placements\(\) needs an fmesh.Mesh or"):
+        fmesh.placements("mesh", P(), 0)  # type: ignore[arg-type]  # the error under test
