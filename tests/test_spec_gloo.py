@@ -170,6 +170,11 @@ def spec_job(rank: int, world: int, ckpt: str) -> dict[str, Any]:
             "spec_of": _capture(lambda d=dt: fmesh.spec_of(d, cube)),
             "full_tensor": _capture(lambda d=dt: d.full_tensor().numpy().copy()),
         }
+    # Each rank slices its own copy (no scatter): the same blocks.
+    out["no_scatter"] = {
+        spec: fmesh.distribute(full, realized, spec, src_data_rank=None).to_local().numpy()
+        for spec in specs_for(cube)
+    }
     out["ops"] = _op_cases(realized)
     out["dcp"] = _dcp_cases(realized, ckpt)
     out["errors"] = _error_cases(fmesh.realize(spec_meshes()["2d"]), full)
@@ -359,6 +364,15 @@ def test_redistribute_between_specs(reports: list[dict[str, Any]]) -> None:
             np.testing.assert_array_equal(
                 got, want, err_msg=f"{name} {spec}->{case['target']}"
             )
+
+
+def test_distribute_without_scatter(reports: list[dict[str, Any]]) -> None:
+    cube = spec_meshes()["3d"]
+    for rank, out in enumerate(reports):
+        assert set(out["no_scatter"]) == set(specs_for(cube))
+        for spec, local in out["no_scatter"].items():
+            want = model_block(cube, rank, spec, global_tensor())
+            np.testing.assert_array_equal(local, want, err_msg=f"{spec} rank {rank}")
 
 
 @pytest.mark.parametrize("spec", CUBE_3D_SPECS, ids=str)
