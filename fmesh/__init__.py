@@ -4,6 +4,9 @@ The pure core (layouts, meshes, transformations, rank queries) needs no torch; o
 :func:`realize` and the DeviceMesh interop import torch, on first use.
 """
 
+from ._distribute import distribute as distribute
+from ._distribute import placements as placements
+from ._distribute import spec_of as spec_of
 from ._errors import AxisNotFoundError as AxisNotFoundError
 from ._errors import LaunchError as LaunchError
 from ._errors import MeshError as MeshError
@@ -26,6 +29,8 @@ from ._ops import unflatten as unflatten
 from ._realize import realize as realize
 from ._realized import CacheStats as CacheStats
 from ._realized import RealizedMesh as RealizedMesh
+from ._spec import P as P
+from ._spec import PartitionSpec as PartitionSpec
 
 __version__ = "0.1.0"
 
@@ -37,19 +42,24 @@ __all__ = [
     "Mesh",
     "MeshError",
     "MeshMismatchError",
+    "P",
+    "PartitionSpec",
     "RealizedMesh",
     "UnrepresentableSplitError",
     "cache_stats",
     "coordinate",
     "destroy",
+    "distribute",
     "flatten",
     "from_device_mesh",
     "group",
     "instance",
     "instances",
     "make_mesh",
+    "placements",
     "realize",
     "rename",
     "slice",
+    "spec_of",
     "unflatten",
 ]

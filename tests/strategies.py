@@ -242,3 +242,21 @@ def tiling_layouts(draw: st.DrawFn, max_world: int = MAX_WORLD) -> tuple[fmesh.L
     shape = tuple(s for s, _ in chosen)
     stride = tuple(d for _, d in chosen)
     return fmesh.Layout.of(shape, stride), math.prod(sizes)
+
+
+# -- partition specs ----------------------------------------------------------------------
+
+
+@st.composite
+def partition_specs(
+    draw: st.DrawFn, names: tuple[str, ...], ndim: int
+) -> tuple[tuple[str, ...], ...]:
+    """A spec for an ``ndim`` tensor as plain tuples, one per dim (major to minor):
+    each axis of ``names`` splits one dim or none, in a random order."""
+    order = draw(st.permutations(names))
+    dims: list[list[str]] = [[] for _ in range(ndim)]
+    for name in order:
+        dim = draw(st.integers(-1, ndim - 1))
+        if dim >= 0:
+            dims[dim].append(name)
+    return tuple(tuple(d) for d in dims)

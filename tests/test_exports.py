@@ -20,6 +20,8 @@ import fmesh
 PUBLIC = sorted(fmesh.__all__)
 # Base classes meant to be subclassed (the root of the error hierarchy).
 NOT_FINAL = {"MeshError"}
+# Short aliases, as in JAX (``P`` for ``PartitionSpec``): the same object as the name.
+ALIASES = {"P": "PartitionSpec"}
 
 
 def _static_reexports() -> list[str]:
@@ -47,7 +49,9 @@ def test_every_public_name_exists_and_is_exported_once(name: str) -> None:
     obj = getattr(fmesh, name)
     if inspect.isclass(obj) or inspect.isfunction(obj):
         assert obj.__module__.startswith("fmesh._"), obj.__module__
-        assert obj.__name__ == name
+        assert obj.__name__ == ALIASES.get(name, name)
+    if name in ALIASES:
+        assert obj is getattr(fmesh, ALIASES[name])
 
 
 def test_nothing_public_is_left_out_of_all() -> None:

@@ -53,3 +53,15 @@ def realize_misuse(m: fmesh.Mesh) -> str:
     r.coordinate = (0,)  # E: misc
     name: str = r.local_rank("dp")  # E: assignment
     return name
+
+
+def spec_misuse(r: fmesh.RealizedMesh) -> fmesh.PartitionSpec:
+    import torch
+
+    fmesh.P(3)  # E: arg-type
+    fmesh.P(("dp", 3))  # E: arg-type
+    spec: fmesh.PartitionSpec = ("dp",)  # E: assignment
+    fmesh.distribute(torch.zeros(2), r.mesh, fmesh.P("dp"))  # E: arg-type
+    fmesh.spec_of(torch.zeros(2), r.mesh)  # E: arg-type
+    fmesh.placements(r, fmesh.P("dp"))  # E: call-arg
+    return spec

@@ -106,3 +106,22 @@ def realized(m: fmesh.Mesh) -> int:
     assert_type(stats.created, int)
     fmesh.destroy()
     return stats.reused + r.rank
+
+
+def partition_specs(r: fmesh.RealizedMesh) -> fmesh.PartitionSpec:
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Placement
+
+    spec = fmesh.P("dp", ("tp", "cp"), None)
+    assert_type(spec, fmesh.PartitionSpec)
+    assert_type(fmesh.PartitionSpec(["dp"]), fmesh.PartitionSpec)
+    assert_type(spec.axis_names, tuple[str, ...])
+    entry: str | tuple[str, ...] | None = spec[1]
+    assert_type(fmesh.placements(r.mesh, spec, 3), tuple[Placement, ...])
+    assert_type(fmesh.placements(r, spec, 3), tuple[Placement, ...])
+    dt = fmesh.distribute(torch.zeros(4, 8, 2), r, spec, src_data_rank=None)
+    assert_type(dt, DTensor)
+    back = fmesh.spec_of(dt, r.mesh)
+    assert_type(back, fmesh.PartitionSpec)
+    return back if entry is not None else spec
