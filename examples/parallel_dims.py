@@ -7,14 +7,14 @@ currently recreates the process group for each dimension". Here every view is a 
 derived from one mesh with ``fmesh.unflatten``/``flatten``/``slice``/``rename``, and
 ``fmesh.realize`` creates each distinct group once, whichever view asks for it.
 
-    view         axes                                  derived as
-    world        world                                 make_mesh
-    dense        pp, dp_replicate, dp_shard, cp, tp    unflatten(world)
-    dataloading  pp, batch, cp, tp                     flatten(dense: dp_replicate, dp_shard)
-    loss         loss                                  flatten(slice(dataloading: batch, cp))
-    dense_fsdp   pp, dp_replicate, fsdp, tp            flatten(dense: dp_shard, cp)
-    fwdbwd       pp, dp, cp, tp                        rename(dataloading: batch -> dp)
-    sparse       pp, dp_replicate, efsdp, ep, etp      unflatten(flatten(dense: dp_shard, cp, tp))
+  view         axes                                derived as
+  world        world                               make_mesh
+  dense        pp, dp_replicate, dp_shard, cp, tp  unflatten(world)
+  dataloading  pp, batch, cp, tp                   flatten(dense: dp_replicate, dp_shard)
+  loss         loss                                flatten(slice(dataloading: batch, cp))
+  dense_fsdp   pp, dp_replicate, fsdp, tp          flatten(dense: dp_shard, cp)
+  fwdbwd       pp, dp, cp, tp                      rename(dataloading: batch -> dp)
+  sparse       pp, dp_replicate, efsdp, ep, etp    unflatten(flatten(dense: dp_shard, cp, tp))
 
 ``efsdp = dp_shard * cp * tp / (ep * etp)``: the expert region reuses the
 ``dp_shard x cp x tp`` ranks, split into expert-FSDP, expert-parallel and expert-TP.
@@ -26,7 +26,8 @@ Dry run for one rank of a big world, on torch's fake backend (no torchrun, no GP
 
 Real run: realize every view and check every group with a collective:
 
-    torchrun --standalone --nproc-per-node 8 examples/parallel_dims.py --pp 2 --tp 2 --ep 2 --etp 2
+    torchrun --standalone --nproc-per-node 8 examples/parallel_dims.py \\
+        --pp 2 --tp 2 --ep 2 --etp 2
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ these names and signatures are the same:
 * ``DeviceMesh._unflatten(dim, mesh_sizes, mesh_dim_names)`` and
   ``DeviceMesh._flatten(mesh_dim_name)``: torch's own recipe, as torchtitan's
   ``ParallelDims.build_mesh`` uses it, which the tests compare fmesh with.
+* ``DeviceMesh(..., _init_backend=False)``: a mesh that creates no process groups.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["device_mesh_flatten", "device_mesh_unflatten", "init_fake_world"]
+__all__ = [
+    "device_mesh_flatten",
+    "device_mesh_unflatten",
+    "device_mesh_without_groups",
+    "init_fake_world",
+]
 
 
 def init_fake_world(rank: int, world: int) -> None:
@@ -43,3 +49,16 @@ def device_mesh_unflatten(
 def device_mesh_flatten(device_mesh: DeviceMesh, name: str) -> DeviceMesh:
     """``device_mesh._flatten(name)``: one dimension over all of the mesh's dimensions."""
     return device_mesh._flatten(name)
+
+
+def device_mesh_without_groups(world: int, name: str) -> DeviceMesh:
+    """A 1-d ``DeviceMesh`` over ranks ``0..world-1`` that creates no process groups.
+
+    Its ``_unflatten`` results create none either: torch's layout algebra alone, for
+    worlds where torch's recipe would call ``new_group`` hundreds of thousands of
+    times. (Slicing such a mesh fails in torch; read ``.mesh`` instead.)
+    """
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh("cpu", torch.arange(world), mesh_dim_names=(name,), _init_backend=False)
