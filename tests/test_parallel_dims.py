@@ -387,18 +387,19 @@ def test_gloo_shared_axes_are_created_once(gloo: list[dict[str, Any]]) -> None:
         ] + [(("dense", "pp"), (view, "pp")) for view in fm if view not in ("world", "loss")]
         for (va, aa), (vb, ab) in same:
             assert fm[va][aa]["object"] == fm[vb][ab]["object"], (va, aa, vb, ab)
-        # dense: pp, dp_replicate (size 1), dp_shard, cp (size 1), tp; loss: batch x cp
-        # has the same ranks as dp_shard here; fsdp too; sparse: efsdp (size 1) only.
+        # dense: pp, dp_replicate (size 1), dp_shard, cp (size 1: the same one-member
+        # group as dp_replicate), tp. Then nothing new: batch, loss and fsdp have
+        # dp_shard's ranks here, ep too, etp is tp and efsdp is another size-1 axis.
         assert report["pp_tp_ep_etp_tp"]["realize_created"] == {
             "world": 0,
-            "dense": 5,
+            "dense": 4,
             "dataloading": 0,
             "loss": 0,
             "dense_fsdp": 0,
             "fwdbwd": 0,
-            "sparse": 1,
+            "sparse": 0,
         }
-        assert report["pp_tp_ep_etp_tp"]["created"] == 6
+        assert report["pp_tp_ep_etp_tp"]["created"] == 4
         assert report["pp_tp_ep_etp_tp"]["torch_groups"] == 23
 
 
@@ -410,8 +411,8 @@ def test_main_under_torchrun_checks_every_group(gloo: list[dict[str, Any]]) -> N
         lines = report["main_stdout"].splitlines()
         assert lines[-1] == (
             f"rank {rank}: 7 views, {views} axis groups checked by all_reduce: all match "
-            "fmesh.group; fmesh created 6 groups, reused "
-            f"{views - 6} (DeviceMesh recipe: 23)"
+            "fmesh.group; fmesh created 4 groups, reused "
+            f"{views - 4} (DeviceMesh recipe: 23)"
         )
         if rank == 0:
             assert lines[0].startswith(
