@@ -444,9 +444,9 @@ def run(dims: ParallelDims) -> tuple[str, list[str]]:
     verdict = "all match fmesh.group" if not problems else f"{len(problems)} MISMATCHED"
     summary = (
         f"rank {rank}: {len(realized)} views, {checked} axis groups checked by all_reduce: "
-        f"{verdict}; fmesh created {after.created - before.created} groups, reused "
-        f"{after.reused - before.reused} (DeviceMesh recipe: "
-        f"{torchtitan_groups_per_rank(dims)})"
+        f"{verdict}; fmesh created {after.created - before.created} groups and reused "
+        f"{after.reused - before.reused}, where torch's DeviceMesh recipe creates "
+        f"{torchtitan_groups_per_rank(dims)}"
     )
     return summary, problems
 
@@ -520,8 +520,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary, problems = run(dims)
     if dist.get_rank() == 0:
         print(_dims_line(dims))
-        for name, mesh in build_meshes(dims).items():
-            print(f"  {name:<12} {_sizes(mesh):<48} {DERIVATIONS[name]}")
+        rows = [[n, _sizes(m), DERIVATIONS[n]] for n, m in build_meshes(dims).items()]
+        print(
+            "\n".join(
+                "  " + line for line in _table(["view", "axes", "derived as"], rows, set())
+            )
+        )
     dist.barrier()
     print(summary, flush=True)
     for line in problems:
