@@ -512,6 +512,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.rank is not None:
             raise DimsError("--rank is for --plan; under torchrun each process is its rank")
+        launched = os.environ.get("WORLD_SIZE")
+        if launched is not None and int(launched) != world:
+            raise DimsError(
+                f"--world {world} but torchrun started {launched} processes; drop --world "
+                f"or launch --nproc-per-node {world}"
+            )
     except DimsError as err:
         print(f"parallel_dims.py: error: {err}", file=sys.stderr)
         return 2

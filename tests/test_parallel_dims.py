@@ -539,21 +539,26 @@ def test_dp_shard_minus_one_takes_the_rest() -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "needle"),
+    ("argv", "launched", "needle"),
     [
-        (["--plan", "--world", "8", "--tp", "3"], "does not divide the world size 8"),
-        (["--plan", "--world", "8", "--rank", "8"], "--rank 8 is not in the world of 8 ranks"),
-        (["--world", "8", "--rank", "3"], "--rank is for --plan"),
-        (["--tp", "2"], "no --world and no $WORLD_SIZE"),
+        (["--plan", "--world", "8", "--tp", "3"], None, "does not divide the world size 8"),
+        (["--plan", "--world", "8", "--rank", "8"], None, "--rank 8 is not in the world of 8"),
+        (["--world", "8", "--rank", "3"], None, "--rank is for --plan"),
+        (["--tp", "2"], None, "no --world and no $WORLD_SIZE"),
+        (["--world", "16"], "8", "--world 16 but torchrun started 8 processes"),
     ],
 )
 def test_main_reports_bad_flags(
     argv: list[str],
+    launched: str | None,
     needle: str,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    if launched is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", launched)
     assert parallel_dims.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("parallel_dims.py: error: ") and needle in err, err
