@@ -147,7 +147,7 @@ def _median(runs: list[Json], key: str) -> float | None:
     return statistics.median(r[key] for r in runs) if runs else None
 
 
-def realize_rows(b: Bench, recipe: Recipe, worlds: tuple[int, ...]) -> None:
+def realize_rows(b: Bench, recipe: Recipe, worlds: tuple[int, ...], repeats: int) -> None:
     """Every metric of ``recipe`` at every size, torch skipped past its time limit."""
     limit = b.mode.torch_limit_s
     torch_points: list[tuple[int, float]] = []
@@ -155,16 +155,14 @@ def realize_rows(b: Bench, recipe: Recipe, worlds: tuple[int, ...]) -> None:
     rows: list[Row] = []
     for world in worlds:
         b.log(f"realize on fake: {recipe.key} at {world_str(world)} ranks ...")
-        f_runs = realize_runs(recipe, "fmesh", world, b.mode.realize_repeats, False, 300)
+        f_runs = realize_runs(recipe, "fmesh", world, repeats, False, 300)
         t_runs: list[Json] = []
         skipped: str | None = None
         if torch_points and (est := estimate(torch_points, world)) > limit:
             skipped = f"skipped (>{limit:.0f} s est.: {est:.0f} s)"
         else:
             try:
-                t_runs = realize_runs(
-                    recipe, "torch", world, b.mode.realize_repeats, False, limit + 30
-                )
+                t_runs = realize_runs(recipe, "torch", world, repeats, False, limit + 30)
             except WorkerTimeout:
                 skipped = f"skipped (ran past {limit + 30:.0f} s)"
         raw[str(world)] = {"fmesh": f_runs, "torch": t_runs, "skipped": skipped}
@@ -193,8 +191,8 @@ def realize_rows(b: Bench, recipe: Recipe, worlds: tuple[int, ...]) -> None:
 
 
 def section_realize(b: Bench) -> None:
-    realize_rows(b, TRAINER5, b.mode.worlds)
-    realize_rows(b, TITAN, (b.mode.titan_world,))
+    realize_rows(b, TRAINER5, b.mode.worlds, b.mode.realize_repeats)
+    realize_rows(b, TITAN, (b.mode.titan_world,), b.mode.titan_repeats)
 
 
 # -- to_device_mesh of a sub-mesh ------------------------------------------------------------
@@ -268,7 +266,7 @@ def section_interop(b: Bench) -> None:
             {"world": world, "repeats": b.mode.pure_repeats, "target_s": b.mode.pure_target_s},
             300,
         )
-        for _ in range(b.mode.realize_repeats)
+        for _ in range(b.mode.titan_repeats)
     ]
     b.raw["interop"] = runs
     realize_s = statistics.median(r["realize_slice_s"] for r in runs)

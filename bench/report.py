@@ -153,24 +153,17 @@ def prose(payload: Json, rows: list[Row], shown: list[Row]) -> list[str]:
     pure = q.sizes("pure.slice1")
     if pure:
         lo, hi = pure[0], pure[-1]
-
-        def span(key: str, who: str) -> str:
-            pick = q.f if who == "fmesh" else q.t
-            return f"{pick(key, lo)} to {pick(key, hi)}"
-
         ops = (
             ("slice", "pure.slice1"),
             ("flatten", "pure.flatten"),
             ("unflatten", "pure.unflatten"),
             ("coordinate", "pure.coordinate"),
         )
+        fm = ", ".join(f"{name} {q.f(key, lo)} and {q.f(key, hi)}" for name, key in ops)
+        th = ", ".join(f"{name} {q.t(key, lo)} and {q.t(key, hi)}" for name, key in ops)
         out.append(
-            f"From {world_str(lo)} to {world_str(hi)} ranks, fmesh's pure operations "
-            "take "
-            + ", ".join(f"{span(key, 'fmesh')} ({name})" for name, key in ops)
-            + "; torch's take "
-            + ", ".join(f"{span(key, 'torch')} ({name})" for name, key in ops)
-            + "."
+            f"At {world_str(lo)} and {world_str(hi)} ranks, fmesh's pure operations take: "
+            f"{fm}; torch's: {th}."
         )
     behind = [r for r in shown if r.ratio is not None and r.ratio < 0.95]
     if behind:
@@ -202,11 +195,12 @@ def prose(payload: Json, rows: list[Row], shown: list[Row]) -> list[str]:
             f"torchtitan's trainer meshes at {world_str(w)} ranks (a 1-d world mesh "
             "unflattened into the dense and the expert view, and three flattens): fmesh "
             f"realizes them in {q.f('fake.titan.seconds', w)}, torch builds them in "
-            f"{q.t('fake.titan.seconds', w)} ({q.ratio('fake.titan.seconds', w)}), with "
-            f"{q.f('fake.titan.calls', w)} group creations against "
-            f"{q.t('fake.titan.calls', w)} `new_group` calls and a peak RSS growth of "
-            f"{q.f('fake.titan.rss_peak_delta', w)} against "
-            f"{q.t('fake.titan.rss_peak_delta', w)}."
+            f"{q.t('fake.titan.seconds', w)} ({q.ratio('fake.titan.seconds', w)}). fmesh "
+            f"creates {q.f('fake.titan.calls', w)} groups and the rank holds "
+            f"{q.f('fake.titan.groups', w)}; torch makes {q.t('fake.titan.calls', w)} "
+            f"`new_group` calls and the rank holds {q.t('fake.titan.groups', w)}. Peak RSS "
+            f"grows by {q.f('fake.titan.rss_peak_delta', w)} with fmesh, "
+            f"{q.t('fake.titan.rss_peak_delta', w)} with torch."
         )
     sub = q.get("interop.sub_device_mesh.first")
     if sub is not None:

@@ -261,6 +261,8 @@ class Mode:
     """Fresh processes per fake-backend realize measurement (median taken)."""
     titan_world: int
     """World size of torchtitan's trainer meshes and of the to_device_mesh rows."""
+    titan_repeats: int
+    """Fresh processes per measurement at ``titan_world`` (torch's take seconds)."""
     gloo: tuple[tuple[tuple[int, int, int, int, int], int], ...]
     """(5-d shape, repeats) of each real-gloo job."""
     memory_world: int
