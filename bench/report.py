@@ -62,8 +62,10 @@ def caption(payload: Json) -> str:
     return (
         f"*fmesh {m['fmesh']} vs torch {m['torch']} `DeviceMesh`, `{m['command']}` on "
         f"{m['platform']}, {m['cpus_usable']} CPUs, {m['memory_gib']} GiB, Python "
-        f"{m['python']}, {m['date'][:10]} (shared machine: medians of repeats; pure ops: "
-        "batches interleaved, gc off in a batch). Ratio = torch / fmesh: above 1, fmesh "
+        f"{m['python']}, {m['date'][:10]} (shared machine, load average "
+        f"{m['loadavg_start'][0]:.1f} at the start and {m['loadavg_end'][0]:.1f} at the "
+        "end: medians of repeats; pure ops: batches interleaved, gc off in a batch). "
+        "Ratio = torch / fmesh: above 1, fmesh "
         f"is faster or smaller. Mesh {shape_str(NAMES)}: {shapes}; flattens dp = "
         "(dp_replicate, dp_shard), dp_shard_cp = (dp_shard, cp), dp_cp = (dp_replicate, "
         f"dp_shard, cp). torchtitan's meshes at {world_str(titan)}: the dense mesh above "
@@ -214,8 +216,11 @@ def prose(payload: Json, rows: list[Row], shown: list[Row]) -> list[str]:
             f"{q.t('interop.sub_device_mesh.repeat', w)}."
         )
     gloo = q.get("gloo.trainer5.keys")
-    if gloo is not None:
+    world_1d = q.get("gloo.world_1d.keys")
+    if gloo is not None and world_1d is not None:
         w, label = gloo.ranks, gloo.world
+        # With no group to create, any store key fmesh adds is its mesh check's.
+        check = ": that is the cross-rank mesh check alone" if world_1d.fmesh else ""
         out.append(
             f"On real gloo at {label} ranks, realize + 3 flattens adds "
             f"{q.f('gloo.trainer5.keys', w)} keys to the rendezvous store, torch's "
@@ -223,9 +228,9 @@ def prose(payload: Json, rows: list[Row], shown: list[Row]) -> list[str]:
             f"every group memoized, takes {q.f('gloo.memo.seconds', w)} and adds "
             f"{q.f('gloo.memo.keys', w)} keys. A new mesh that creates no group (the "
             f"1-d world) takes fmesh {q.f('gloo.world_1d.seconds', w)} and "
-            f"{q.f('gloo.world_1d.keys', w)} keys: that is the cross-rank mesh check "
-            f"alone; torch's `init_device_mesh` of it, which has no such check, takes "
-            f"{q.t('gloo.world_1d.seconds', w)}."
+            f"{q.f('gloo.world_1d.keys', w)} keys{check}; torch's `init_device_mesh` "
+            f"of it takes {q.t('gloo.world_1d.seconds', w)} and "
+            f"{q.t('gloo.world_1d.keys', w)} keys."
         )
     return out
 
