@@ -57,12 +57,16 @@ def mesh_without_groups(
     """torch's DeviceMesh over ranks 0..world-1 with no process groups.
 
     This is what ``init_device_mesh`` builds before it creates groups (private
-    constructor arguments, as ``init_device_mesh`` itself uses them).
+    constructor arguments, as ``init_device_mesh`` itself uses them; torch before
+    2.13 has no ``from_sizes_strides`` and gets the rank tensor instead).
     """
     import torch
     from torch.distributed._mesh_layout import _MeshLayout
     from torch.distributed.device_mesh import DeviceMesh
 
+    if not hasattr(_MeshLayout, "from_sizes_strides"):
+        ranks = torch.arange(world, dtype=torch.int).view(shape)
+        return DeviceMesh("cpu", ranks, mesh_dim_names=names, _init_backend=False)
     return DeviceMesh(
         "cpu",
         _layout=_MeshLayout.from_sizes_strides(shape),
