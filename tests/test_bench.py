@@ -1,14 +1,22 @@
-"""``bench/run.py --quick`` runs end to end and reports every row with both figures.
+"""The benchmark machinery runs, and the committed results are what the README shows.
 
-Timings are never asserted: the machine is shared and noisy. What is checked is the
-shape of the results: every benchmark at every size, fmesh's and torch's figure, and
-a ratio that really is torch / fmesh.
+Timings are never asserted: the machine is shared and noisy. Checked instead:
+
+* ``python -m bench --smoke`` runs every benchmark once at tiny sizes, writes only to
+  the ignored ``bench/out/`` (the committed results stay as they are), and reports
+  every row with both figures and a ratio that really is torch / fmesh;
+* the committed ``bench/results.json`` comes from a full run of the current
+  benchmark set (every benchmark the smoke run has, at every size), and
+  ``bench/results.md`` and the README's benchmark section are exactly what it
+  renders (``python -m bench --check``), so no figure there is typed by hand.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -17,43 +25,81 @@ from typing import Any
 
 import pytest
 
+import fmesh
+
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "bench" / "run.py"
-SECTIONS = ("pure ops", "realize (fake)", "realize (gloo)", "memory")
+BENCH = ROOT / "bench"
+COMMITTED = (BENCH / "results.json", BENCH / "results.md", ROOT / "README.md")
+SECTIONS = {"pure ops", "realize (fake)", "interop (fake)", "realize (gloo)", "memory"}
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("bench") / "r.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=300,
         cwd=ROOT,
         check=False,
     )
-    assert proc.returncode == 0, f"bench/run.py --quick failed:\n{proc.stderr[-4000:]}"
-    loaded: dict[str, Any] = json.loads(out.read_text())
-    loaded["_markdown"] = out.with_suffix(".md").read_text()
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def smoke() -> dict[str, Any]:
+    before = {p: _digest(p) for p in COMMITTED}
+    proc = _bench("--smoke")
+    assert proc.returncode == 0, f"python -m bench --smoke failed:\n{proc.stderr[-4000:]}"
+    assert {p: _digest(p) for p in COMMITTED} == before, "a smoke run changed committed files"
+    out = BENCH / "out"
+    loaded: dict[str, Any] = json.loads((out / "smoke.json").read_text())
+    loaded["_markdown"] = (out / "smoke.md").read_text()
     loaded["_stdout"] = proc.stdout
     return loaded
 
 
-def test_machine_info(results: dict[str, Any]) -> None:
+@pytest.fixture(scope="module")
+def committed() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((BENCH / "results.json").read_text())
+    return loaded
+
+
+def test_smoke_output_is_ignored_by_git() -> None:
+    proc = subprocess.run(
+        ["git", "check-ignore", "-q", "bench/out/smoke.json"], cwd=ROOT, check=False
+    )
+    assert proc.returncode == 0, "bench/out/ must be in .gitignore"
+
+
+@pytest.mark.parametrize("which", ["smoke", "committed"])
+def test_results_record_versions_machine_and_date(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    results: dict[str, Any] = request.getfixturevalue(which)
     machine = results["machine"]
-    for key in ("platform", "cpu_count", "python", "torch", "fmesh", "date", "mode"):
+    for key in ("torch", "fmesh", "platform", "cpus_usable", "memory_gib", "python", "date"):
         assert machine.get(key), f"machine info lacks {key!r}: {machine}"
-    assert machine["mode"] == "quick"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT.*", machine["date"])
+    assert machine["mode"] == ("smoke" if which == "smoke" else "full")
+    assert results["errors"] == []
 
 
-def test_every_row_has_both_figures_and_their_ratio(results: dict[str, Any]) -> None:
-    rows = results["rows"]
+def test_committed_results_are_of_this_fmesh_version(committed: dict[str, Any]) -> None:
+    assert committed["machine"]["fmesh"] == fmesh.__version__
+
+
+def test_every_row_has_both_figures_and_their_ratio(smoke: dict[str, Any]) -> None:
+    rows = smoke["rows"]
     assert rows
     for row in rows:
-        assert row["skipped"] is None, row
         fm, th = row["fmesh"], row["torch"]
         assert isinstance(fm, int | float) and fm >= 0, row
+        if row["skipped"] is not None:  # fmesh-only rows (torch has no memo)
+            assert th is None and row["ratio"] is None, row
+            continue
         assert isinstance(th, int | float) and th >= 0, row
         if fm > 0:
             assert math.isclose(row["ratio"], th / fm, rel_tol=1e-9), row
@@ -61,28 +107,66 @@ def test_every_row_has_both_figures_and_their_ratio(results: dict[str, Any]) -> 
             assert row["ratio"] is None, row
 
 
-def test_every_benchmark_at_every_size(results: dict[str, Any]) -> None:
-    worlds: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for row in results["rows"]:
-        worlds[row["section"], row["bench"]].add(row["world"])
-    assert {section for section, _ in worlds} == set(SECTIONS)
-    sizes = {f"2^{int(w).bit_length() - 1}" for w in results["shapes"]}
-    for (section, bench), seen in worlds.items():
-        if section in ("pure ops", "realize (fake)"):
-            assert seen == sizes, (section, bench, seen)
-        else:
-            assert len(seen) >= 1, (section, bench)
-    pure = [b for s, b in worlds if s == "pure ops"]
+def test_every_benchmark_at_every_size(smoke: dict[str, Any]) -> None:
+    sizes: dict[str, set[int]] = defaultdict(set)
+    sections = set()
+    for row in smoke["rows"]:
+        sizes[row["key"]].add(row["ranks"])
+        sections.add(row["section"])
+    assert sections == SECTIONS
+    worlds = {int(w) for w in smoke["shapes"]}
+    gloo = {math.prod(s) for s in smoke["gloo_shapes"]}
+    for key, seen in sizes.items():
+        if key.startswith(("pure.", "fake.trainer5.")):
+            assert seen == worlds, (key, seen)
+        elif key.startswith(("fake.titan.", "interop.")):
+            assert seen == {smoke["titan_world"]}, (key, seen)
+        elif key.startswith("gloo."):
+            assert seen == gloo, (key, seen)
+    pure = {k for k in sizes if k.startswith("pure.")}
     for op in ("construct", "slice", "flatten", "unflatten", "coordinate"):
-        assert any(op in b for b in pure), (op, pure)
+        assert any(op in k for k in pure), (op, pure)
 
 
-def test_markdown_table_matches_json(results: dict[str, Any]) -> None:
-    md = results["_markdown"]
-    assert md in results["_stdout"]
+def test_gloo_rows_count_store_keys_and_the_memoized_repeat(smoke: dict[str, Any]) -> None:
+    rows = {r["key"]: r for r in smoke["rows"]}
+    # A fully memoized repeat makes no store trip at all.
+    assert rows["gloo.memo.keys"]["fmesh"] == 0
+    # Creating groups on real gloo leaves rendezvous keys, for both libraries.
+    assert rows["gloo.trainer5.keys"]["fmesh"] > 0
+    assert rows["gloo.trainer5.keys"]["torch"] > 0
+
+
+def test_markdown_table_has_one_line_per_row(smoke: dict[str, Any]) -> None:
+    md = smoke["_markdown"]
+    assert md in smoke["_stdout"]
     lines = md.splitlines()
-    assert results["machine"]["torch"] in lines[0]  # caption: machine and torch
+    assert smoke["machine"]["torch"] in lines[0]  # caption: machine and torch
+    assert "python -m bench --smoke" in lines[0]
     header = "| section | benchmark | ranks | fmesh | torch | torch/fmesh | note |"
-    assert header in lines
     body = lines[lines.index(header) + 2 :]
-    assert len([line for line in body if line.startswith("| ")]) == len(results["rows"])
+    assert len([line for line in body if line.startswith("| ")]) == len(smoke["rows"])
+
+
+def test_committed_results_cover_the_current_benchmarks(
+    smoke: dict[str, Any], committed: dict[str, Any]
+) -> None:
+    # A benchmark added or renamed since the last full run shows up here.
+    have = {r["key"] for r in committed["rows"]}
+    want = {r["key"] for r in smoke["rows"]}
+    assert want - have == set(), "regenerate with `python -m bench`"
+    assert have - want == set(), "regenerate with `python -m bench`"
+
+
+def test_readme_and_results_md_are_what_the_committed_results_render() -> None:
+    proc = _bench("--check")
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+
+def test_readme_table_rows_are_rows_of_the_full_table() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("<!-- bench:begin -->") : readme.index("<!-- bench:end -->")]
+    rows = [ln for ln in block.splitlines() if ln.startswith("| ")]
+    full = (BENCH / "results.md").read_text().splitlines()
+    assert len(rows) > 10
+    assert [row for row in rows if row not in full] == []

@@ -1,0 +1,19 @@
+"""Benchmarks of fmesh against torch's ``DeviceMesh``, side by side in one run.
+
+Run from the repository root: ``python -m bench`` (see :mod:`bench.cli`). Every
+figure is fmesh vs torch, measured in the same run, medians of repeats; ratio =
+torch / fmesh, so above 1 means fmesh is faster or smaller.
+
+One module per subject, each declaring its rows as data:
+
+* :mod:`bench.pure` -- pure operations (no process group for fmesh);
+* :mod:`bench.fake` -- realize on torch's ``fake`` backend (large worlds), and
+  ``to_device_mesh`` of a sub-mesh;
+* :mod:`bench.gloo` -- realize on real gloo processes (the bench's own launcher);
+* :mod:`bench.memory` -- size of a mesh value and of a realized mesh;
+
+with :mod:`bench.shared` (shapes, rows, timing, formatting), :mod:`bench.launch`
+(fresh processes), :mod:`bench.recipes` (the meshes a trainer builds, for both
+libraries), :mod:`bench.torch_ref` (torch's side; the only bench module using private
+torch names) and :mod:`bench.report` (the tables and the README section).
+"""

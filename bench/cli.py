@@ -1,0 +1,215 @@
+"""``python -m bench``: run the benchmarks, write the results, render the README.
+
+::
+
+    python -m bench            # full run: rewrites bench/results.{json,md} and README.md
+    python -m bench --quick    # smaller sizes, fewer repeats -> bench/out/quick.*
+    python -m bench --smoke    # tiny sizes, every code path once -> bench/out/smoke.*
+    python -m bench --render   # re-render results.md and README.md from results.json
+    python -m bench --check    # exit 1 unless both are what results.json renders
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import difflib
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from . import fake, gloo, memory, pure, report
+from .launch import WorkerError
+from .shared import SHAPES, Bench, Json, Mode, expert_shape
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results.json"
+README = ROOT / "README.md"
+OUT = HERE / "out"
+"""Where quick and smoke runs write (ignored by git)."""
+
+MODES = {
+    "full": Mode(
+        "full",
+        worlds=(2**10, 2**14, 2**17, 2**20),
+        pure_repeats=9,
+        pure_target_s=0.03,
+        realize_repeats=5,
+        titan_world=2**17,
+        titan_repeats=3,
+        gloo=(((1, 1, 2, 1, 2), 7), ((1, 2, 2, 1, 2), 5), ((2, 2, 2, 1, 2), 3)),
+        memory_world=2**20,
+    ),
+    "quick": Mode(
+        "quick",
+        worlds=(2**10, 2**14, 2**17),
+        pure_repeats=3,
+        pure_target_s=0.02,
+        realize_repeats=1,
+        titan_world=2**17,
+        titan_repeats=1,
+        gloo=(((1, 1, 2, 1, 2), 1),),
+        memory_world=2**14,
+    ),
+    "smoke": Mode(
+        "smoke",
+        worlds=(2**6, 2**8),
+        pure_repeats=2,
+        pure_target_s=0.002,
+        realize_repeats=1,
+        titan_world=2**8,
+        titan_repeats=1,
+        gloo=(((1, 1, 2, 1, 1), 1),),
+        memory_world=2**8,
+    ),
+}
+SECTIONS: tuple[Callable[[Bench], None], ...] = (
+    pure.section,
+    fake.section_realize,
+    fake.section_interop,
+    gloo.section,
+    memory.section,
+)
+
+
+def machine_info(mode: Mode) -> Json:
+    import fmesh
+
+    flag = "" if mode.name == "full" else f" --{mode.name}"
+    memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {
+        "command": f"python -m bench{flag}",
+        "mode": mode.name,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "memory_gib": round(memory_bytes / 2**30, 1),
+        "python": platform.python_version(),
+        "torch": importlib.metadata.version("torch"),
+        "fmesh": fmesh.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+def measure(mode: Mode, log: Callable[[str], None]) -> tuple[Json, list[str]]:
+    """Run every section; the results payload and the sections that failed."""
+    started = time.perf_counter()
+    info = machine_info(mode)
+    b = Bench(mode, log)
+    errors: list[str] = []
+    for section in SECTIONS:
+        try:
+            section(b)
+        except WorkerError as err:  # keep the other sections' results; exit 1
+            name = f"{section.__module__}.{section.__name__}"
+            log(f"{name} FAILED: {err}")
+            errors.append(f"{name}: {err}")
+    info["loadavg_end"] = os.getloadavg()
+    info["seconds"] = round(time.perf_counter() - started, 1)
+    payload = {
+        "machine": info,
+        "shapes": {str(w): SHAPES[w] for w in mode.worlds},
+        "titan_world": mode.titan_world,
+        "expert_shape": expert_shape(SHAPES[mode.titan_world]),
+        "gloo_shapes": [list(shape) for shape, _ in mode.gloo],
+        "errors": errors,
+        "rows": [asdict(r) for r in b.rows],
+        "raw": b.raw,
+    }
+    return payload, errors
+
+
+def write(payload: Json, json_path: Path, readme: Path | None) -> list[Path]:
+    """Write the payload, its table and (for the committed results) the README."""
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(payload, indent=1) + "\n")
+    md = json_path.with_suffix(".md")
+    md.write_text(report.results_md(payload))
+    block = report.readme_block(payload)
+    if readme is not None:
+        readme.write_text(report.with_section(readme.read_text(), block))
+        return [json_path, md, readme]
+    section = json_path.with_name(json_path.stem + ".readme.md")
+    section.write_text(block)
+    return [json_path, md, section]
+
+
+def check(json_path: Path, readme: Path) -> list[str]:
+    """Differences between the committed renderings and what ``json_path`` renders."""
+    payload = report.load(json_path)
+    problems: list[str] = []
+    md = json_path.with_suffix(".md")
+    pairs = (
+        (md, md.read_text(), report.results_md(payload)),
+        (readme, report.readme_section(readme.read_text()), report.readme_block(payload)),
+    )
+    for path, have, want in pairs:
+        if have != want:
+            diff = difflib.unified_diff(
+                have.splitlines(), want.splitlines(), f"{path} (now)", "rendered", lineterm=""
+            )
+            problems.append("\n".join(diff))
+    return problems
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description="Benchmark fmesh against torch's DeviceMesh."
+    )
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--quick", action="store_true", help="smaller sizes -> bench/out/")
+    what.add_argument("--smoke", action="store_true", help="tiny sizes -> bench/out/")
+    what.add_argument(
+        "--render", action="store_true", help="re-render results.md, README from results.json"
+    )
+    what.add_argument(
+        "--check", action="store_true", help="exit 1 unless results.md, README are rendered"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for the results (default: bench/ for a full run, which also "
+        "rewrites README.md; bench/out/ otherwise)",
+    )
+    args = parser.parse_args(argv)
+
+    if args.check:
+        problems = check(RESULTS, README)
+        for p in problems:
+            print(p)
+        print("bench: renderings are stale" if problems else "bench: renderings match")
+        return 1 if problems else 0
+    if args.render:
+        for path in write(report.load(RESULTS), RESULTS, README):
+            print(f"bench: wrote {path}")
+        return 0
+
+    mode = MODES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    started = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
+    payload, errors = measure(mode, log)
+    # A failed full run does not replace the committed results: it goes to bench/out/.
+    committed = mode.name == "full" and args.out is None and not errors
+    folder: Path = HERE if committed else (args.out or OUT)
+    json_path = folder / ("results.json" if committed else f"{mode.name}.json")
+    for path in write(payload, json_path, README if committed else None):
+        log(f"wrote {path}")
+    print(report.results_md(payload))
+    if errors:
+        log(f"{len(errors)} section(s) failed; their rows are missing (see 'errors')")
+        return 1
+    return 0

@@ -1,0 +1,266 @@
+"""Render a results file: the full table (``results.md``) and the README's section.
+
+Everything here is a function of the results payload alone (what ``results.json``
+holds), so the README can be checked against the committed results: every number in
+the README's benchmark section, prose included, is rendered here from a row.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterable
+from pathlib import Path
+
+from .shared import (
+    EXPERT_NAMES,
+    NAMES,
+    Json,
+    Row,
+    fmt_ratio,
+    fmt_value,
+    shape_str,
+    world_str,
+)
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+HEADER = (
+    "| section | benchmark | ranks | fmesh | torch | torch/fmesh | note |",
+    "|---|---|---|--:|--:|--:|---|",
+)
+
+
+def load(path: Path) -> Json:
+    payload: Json = json.loads(path.read_text())
+    return payload
+
+
+def rows_of(payload: Json) -> list[Row]:
+    return [Row(**r) for r in payload["rows"]]
+
+
+def ahead_note(row: Row) -> str:
+    """The row's note, prefixed with a plain verdict where fmesh is not ahead."""
+    both = (row.fmesh, row.torch)
+    if None not in both and max(v or 0.0 for v in both) < row.resolution:
+        return f"**below resolution** ({fmt_value(row.resolution, row.unit)}): {row.note}"
+    if row.ratio is None or row.ratio > 1.05:
+        return row.note
+    if row.ratio >= 0.95:
+        verdict = "**par**" if row.unit != "count" or row.ratio != 1 else "**equal**"
+    else:
+        verdict = "**torch ahead**"
+    return f"{verdict}: {row.note}"
+
+
+def caption(payload: Json) -> str:
+    m = payload["machine"]
+    shapes = ", ".join(
+        f"{world_str(int(w))} = {shape_str(shape)}" for w, shape in payload["shapes"].items()
+    )
+    titan = int(payload["titan_world"])
+    return (
+        f"*fmesh {m['fmesh']} vs torch {m['torch']} `DeviceMesh`, `{m['command']}` on "
+        f"{m['platform']}, {m['cpus_usable']} CPUs, {m['memory_gib']} GiB, Python "
+        f"{m['python']}, {m['date'][:10]} (shared machine, load average "
+        f"{m['loadavg_start'][0]:.1f} at the start and {m['loadavg_end'][0]:.1f} at the "
+        "end: medians of repeats; pure ops: batches interleaved, gc off in a batch). "
+        "Ratio = torch / fmesh: above 1, fmesh "
+        f"is faster or smaller. Mesh {shape_str(NAMES)}: {shapes}; flattens dp = "
+        "(dp_replicate, dp_shard), dp_shard_cp = (dp_shard, cp), dp_cp = (dp_replicate, "
+        f"dp_shard, cp). torchtitan's meshes at {world_str(titan)}: the dense mesh above "
+        f"and the expert view {shape_str(EXPERT_NAMES)} = "
+        f"{shape_str(payload['expert_shape'])}, flattens batch, loss and fsdp of the "
+        "dense one.*"
+    )
+
+
+def table(rows: Iterable[Row]) -> list[str]:
+    lines = list(HEADER)
+    for r in rows:
+        torch = fmt_value(r.torch, r.unit) if r.skipped is None else r.skipped
+        lines.append(
+            f"| {r.section} | {r.bench} | {r.world} | {fmt_value(r.fmesh, r.unit)} | "
+            f"{torch} | {fmt_ratio(r.ratio)} | {ahead_note(r)} |"
+        )
+    return lines
+
+
+def results_md(payload: Json) -> str:
+    """``results.md``: the caption and every row."""
+    return "\n".join([caption(payload), "", *table(rows_of(payload))]) + "\n"
+
+
+def readme_rows(rows: list[Row]) -> list[Row]:
+    """Each benchmark at its largest size, and ``every_size`` ones at every size."""
+    largest: dict[str, int] = {}
+    for r in rows:
+        largest[r.key] = max(largest.get(r.key, 0), r.ranks)
+    return [r for r in rows if r.every_size or r.ranks == largest[r.key]]
+
+
+class Finder:
+    """Rows by key and size, and their figures formatted, for the prose."""
+
+    def __init__(self, rows: list[Row]) -> None:
+        self.rows = rows
+
+    def get(self, key: str, ranks: int | None = None) -> Row | None:
+        found = [r for r in self.rows if r.key == key]
+        if ranks is None:
+            return max(found, key=lambda r: r.ranks, default=None)
+        return next((r for r in found if r.ranks == ranks), None)
+
+    def f(self, key: str, ranks: int | None = None) -> str:
+        row = self.get(key, ranks)
+        return "—" if row is None else fmt_value(row.fmesh, row.unit)
+
+    def t(self, key: str, ranks: int | None = None) -> str:
+        row = self.get(key, ranks)
+        if row is None:
+            return "—"
+        return fmt_value(row.torch, row.unit) if row.skipped is None else row.skipped
+
+    def ratio(self, key: str, ranks: int | None = None) -> str:
+        row = self.get(key, ranks)
+        return "—" if row is None else fmt_ratio(row.ratio)
+
+    def sizes(self, key: str) -> list[int]:
+        return sorted({r.ranks for r in self.rows if r.key == key})
+
+
+def fmt_duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} minutes"
+
+
+def intro(payload: Json) -> str:
+    worlds = [int(w) for w in payload["shapes"]]
+    return (
+        "`python -m bench` measures fmesh and torch's `DeviceMesh` side by side in one "
+        "run and rewrites `bench/results.json`, `bench/results.md` and this section "
+        f"(the run below took {fmt_duration(payload['machine']['seconds'])}); "
+        "`python -m bench --quick` and `--smoke` write to `bench/out/` (ignored by git) "
+        "instead. `tests/test_bench.py` checks that this section is what "
+        "`bench/results.json` renders. Shown: each benchmark at its largest size and "
+        "the real-gloo wall times and groups at every size; `bench/results.md` has "
+        f"every size ({world_str(min(worlds))} to {world_str(max(worlds))} ranks on the "
+        "fake backend)."
+    )
+
+
+def prose(payload: Json, rows: list[Row], shown: list[Row]) -> list[str]:
+    """Sentences about the results, every figure taken from a row."""
+    q = Finder(rows)
+    out: list[str] = []
+    pure = q.sizes("pure.slice1")
+    if pure:
+        lo, hi = pure[0], pure[-1]
+        ops = (
+            ("slice", "pure.slice1"),
+            ("flatten", "pure.flatten"),
+            ("unflatten", "pure.unflatten"),
+            ("coordinate", "pure.coordinate"),
+        )
+        fm = ", ".join(f"{name} {q.f(key, lo)} and {q.f(key, hi)}" for name, key in ops)
+        th = ", ".join(f"{name} {q.t(key, lo)} and {q.t(key, hi)}" for name, key in ops)
+        out.append(
+            f"At {world_str(lo)} and {world_str(hi)} ranks, fmesh's pure operations take: "
+            f"{fm}; torch's: {th}."
+        )
+    behind = [r for r in shown if r.ratio is not None and r.ratio < 0.95]
+    if behind:
+        labels = "; ".join(f"{r.bench} at {r.world} ({fmt_ratio(r.ratio)})" for r in behind)
+        text = f"torch is ahead in {len(behind)} of the {len(shown)} rows shown: {labels}."
+        if any(r.key == "pure.coordinate_cached" for r in behind):
+            text += (
+                " For the coordinate, torch returns the tuple it cached when it built "
+                "the mesh (an O(world) search, the row above it); fmesh computes it in "
+                "O(number of axes), and a `RealizedMesh` holds it as `.coordinate`."
+            )
+        out.append(text)
+    else:
+        out.append(f"fmesh is ahead or at par in all {len(shown)} rows shown.")
+    fake = q.get("fake.trainer5.calls")
+    if fake is not None:
+        w = fake.ranks
+        out.append(
+            f"On the fake backend at {world_str(w)} ranks, the 5-d mesh and its three "
+            f"flattens leave {q.f('fake.trainer5.groups', w)} groups on the rank with "
+            f"fmesh and {q.t('fake.trainer5.groups', w)} with torch; torch calls "
+            f"`new_group` {q.t('fake.trainer5.calls', w)} times to get there, fmesh "
+            f"creates {q.f('fake.trainer5.calls', w)} groups."
+        )
+    titan = q.get("fake.titan.seconds")
+    if titan is not None:
+        w = titan.ranks
+        out.append(
+            f"torchtitan's trainer meshes at {world_str(w)} ranks (a 1-d world mesh "
+            "unflattened into the dense and the expert view, and three flattens): fmesh "
+            f"realizes them in {q.f('fake.titan.seconds', w)}, torch builds them in "
+            f"{q.t('fake.titan.seconds', w)} ({q.ratio('fake.titan.seconds', w)}). fmesh "
+            f"creates {q.f('fake.titan.calls', w)} groups and the rank holds "
+            f"{q.f('fake.titan.groups', w)}; torch makes {q.t('fake.titan.calls', w)} "
+            f"`new_group` calls and the rank holds {q.t('fake.titan.groups', w)}. Peak RSS "
+            f"grows by {q.f('fake.titan.rss_peak_delta', w)} with fmesh, "
+            f"{q.t('fake.titan.rss_peak_delta', w)} with torch."
+        )
+    sub = q.get("interop.sub_device_mesh.first")
+    if sub is not None:
+        w = sub.ranks
+        out.append(
+            f"A torch `DeviceMesh` for the `dp_shard`, `tp` sub-mesh at {world_str(w)} "
+            "ranks: fmesh's `realized.to_device_mesh('cpu')` takes "
+            f"{q.f('interop.sub_device_mesh.first', w)} on the first call and "
+            f"{q.f('interop.sub_device_mesh.repeat', w)} after; torch's "
+            f"`dm['dp_shard', 'tp']` {q.t('interop.sub_device_mesh.first', w)} and "
+            f"{q.t('interop.sub_device_mesh.repeat', w)}."
+        )
+    gloo = q.get("gloo.trainer5.keys")
+    world_1d = q.get("gloo.world_1d.keys")
+    if gloo is not None and world_1d is not None:
+        w, label = gloo.ranks, gloo.world
+        # With no group to create, any store key fmesh adds is its mesh check's.
+        check = ": that is the cross-rank mesh check alone" if world_1d.fmesh else ""
+        out.append(
+            f"On real gloo at {label} ranks, realize + 3 flattens adds "
+            f"{q.f('gloo.trainer5.keys', w)} keys to the rendezvous store, torch's "
+            f"recipe {q.t('gloo.trainer5.keys', w)}. Repeating the same realize calls, "
+            f"every group memoized, takes {q.f('gloo.memo.seconds', w)} and adds "
+            f"{q.f('gloo.memo.keys', w)} keys. A new mesh that creates no group (the "
+            f"1-d world) takes fmesh {q.f('gloo.world_1d.seconds', w)} and "
+            f"{q.f('gloo.world_1d.keys', w)} keys{check}; torch's `init_device_mesh` "
+            f"of it takes {q.t('gloo.world_1d.seconds', w)} and "
+            f"{q.t('gloo.world_1d.keys', w)} keys."
+        )
+    return out
+
+
+def wrap(text: str) -> str:
+    return textwrap.fill(text, width=88, break_long_words=False, break_on_hyphens=False)
+
+
+def readme_block(payload: Json) -> str:
+    """The README's benchmark section, between the markers (markers excluded)."""
+    rows = rows_of(payload)
+    shown = readme_rows(rows)
+    parts = [
+        wrap(intro(payload)),
+        "\n".join([caption(payload), "", *table(shown)]),
+        *map(wrap, prose(payload, rows, shown)),
+    ]
+    return "\n" + "\n\n".join(parts) + "\n"
+
+
+def readme_section(readme: str) -> str:
+    """What the README holds between the markers."""
+    if readme.count(BEGIN) != 1 or readme.count(END) != 1:
+        raise ValueError(f"README must hold {BEGIN} and {END} once each")
+    return readme[readme.index(BEGIN) + len(BEGIN) : readme.index(END)]
+
+
+def with_section(readme: str, block: str) -> str:
+    """The README with ``block`` between the markers."""
+    readme_section(readme)  # checks the markers
+    head, rest = readme.split(BEGIN)
+    _, tail = rest.split(END)
+    return f"{head}{BEGIN}{block}{END}{tail}"
