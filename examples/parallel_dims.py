@@ -321,8 +321,6 @@ def plan(dims: ParallelDims, rank: int) -> str:
     """
     import torch.distributed as dist
 
-    from fmesh._c10d_dims import init_fake_world
-
     if not 0 <= rank < dims.world:
         raise DimsError(
             f"--rank {rank} is not in the world of {dims.world} ranks; expected "
@@ -331,7 +329,7 @@ def plan(dims: ParallelDims, rank: int) -> str:
     if dist.is_initialized():
         raise DimsError("--plan needs a process with no default process group yet")
     meshes = build_meshes(dims)
-    init_fake_world(rank, dims.world)
+    fmesh.init_fake_world(dims.world, rank)
     try:
         before = fmesh.cache_stats()
         realized = _realize_all(meshes)

@@ -13,6 +13,7 @@ from ._errors import MeshError as MeshError
 from ._errors import MeshMismatchError as MeshMismatchError
 from ._errors import UnrepresentableSplitError as UnrepresentableSplitError
 from ._interop import from_device_mesh as from_device_mesh
+from ._launch import init_fake_world as init_fake_world
 from ._layout import Layout as Layout
 from ._memo import cache_stats as cache_stats
 from ._memo import destroy as destroy
@@ -53,6 +54,7 @@ __all__ = [
     "flatten",
     "from_device_mesh",
     "group",
+    "init_fake_world",
     "instance",
     "instances",
     "make_mesh",

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Placement
 
 __all__ = [
     "BackendOptions",
@@ -37,11 +39,15 @@ __all__ = [
     "default_timeout",
     "device_mesh_axes",
     "device_mesh_rank_map",
+    "explicit_shard_order",
     "fake_store",
+    "init_fake_world",
     "is_live",
     "make_device_mesh",
     "new_named_group",
     "split_from_world",
+    "strided_shard",
+    "strided_shard_parts",
     "torch_version",
 ]
 
@@ -159,10 +165,20 @@ def split_from_world(
 
 
 def fake_store() -> Store:
-    """A store for torch's ``fake`` backend (one process plays one rank)."""
+    """A store for torch's ``fake`` backend (one process plays one rank).
+
+    Importing torch's fake_pg module registers the ``fake`` backend.
+    """
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     return FakeStore()
+
+
+def init_fake_world(rank: int, world: int) -> None:
+    """Initialize the default process group on torch's ``fake`` backend."""
+    import torch.distributed as dist
+
+    dist.init_process_group("fake", store=fake_store(), rank=rank, world_size=world)
 
 
 # -- DeviceMesh -------------------------------------------------------------------------
@@ -264,3 +280,42 @@ def add_flatten(root: DeviceMesh, name: str, modes: Modes, group: GroupSpec) -> 
     flat._layout = layout
     root._flatten_mapping[name] = flat
     return True
+
+
+# -- DTensor ----------------------------------------------------------------------------
+# ``_StridedShard`` and ``DTensorSpec.shard_order`` are the same on torch 2.11-2.15.
+
+
+def strided_shard(dim: int, split_factor: int) -> Placement:
+    """DTensor's ``_StridedShard(dim, split_factor=split_factor)``."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return _StridedShard(dim, split_factor=split_factor)
+
+
+def strided_shard_parts(placement: Placement) -> tuple[int, int] | None:
+    """``(dim, split_factor)`` of a ``_StridedShard``; ``None`` for any other placement."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if not isinstance(placement, _StridedShard):
+        return None
+    return int(placement.dim), int(placement.split_factor)
+
+
+def explicit_shard_order(dtensor: DTensor) -> tuple[tuple[int, tuple[int, ...]], ...] | None:
+    """The DTensor's shard order when its spec carries one that its placements do not
+    show: plain ``Shard`` placements applied in a non-ascending mesh-dim order.
+
+    ``None`` when the order is the default (ascending mesh dims per tensor dim) or is
+    encoded by ``_StridedShard`` placements. ``DTensorSpec.shard_order`` and
+    ``use_strided_shard_as_shard_order`` exist on torch 2.11 through 2.15.
+    """
+    spec = dtensor._spec
+    if spec.use_strided_shard_as_shard_order or spec.shard_order is None:
+        return None
+    order = tuple(
+        (int(e.tensor_dim), tuple(int(m) for m in e.mesh_dims)) for e in spec.shard_order
+    )
+    if all(list(mesh_dims) == sorted(mesh_dims) for _, mesh_dims in order):
+        return None
+    return order

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ._c10d_spec import explicit_shard_order, strided_shard, strided_shard_parts
+from ._c10d import explicit_shard_order, strided_shard, strided_shard_parts
 from ._errors import MeshError
 from ._mesh import Mesh
-from ._realize import RealizedMesh
+from ._realized import RealizedMesh
 from ._spec import PartitionSpec, ShardPlan, plan_from_spec, spec_dims, spec_from_plan
 
 if TYPE_CHECKING:

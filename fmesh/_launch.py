@@ -14,6 +14,7 @@ from ._errors import LaunchError, MeshError
 
 __all__ = [
     "check_backend",
+    "init_fake_world",
     "check_device_type",
     "check_timeout",
     "ensure_default_group",
@@ -158,3 +159,36 @@ def ensure_default_group(backend: str | None) -> None:
         dist.get_rank(),
         dist.get_world_size(),
     )
+
+
+def init_fake_world(world_size: int, rank: int) -> None:
+    """Start the default process group on torch's ``fake`` backend, for dry runs.
+
+    This process then plays ``rank`` of a ``world_size``-rank world: :func:`realize`
+    creates this rank's groups as it would for real (nothing is communicated), so a
+    100k-rank configuration can be checked on a laptop. Tear it down with
+    ``fmesh.destroy()`` and ``torch.distributed.destroy_process_group()``.
+
+    Raises:
+        TypeError: for arguments that are not int.
+        MeshError: for a rank outside ``0..world_size-1``, or when a default group
+            already exists.
+    """
+    import torch.distributed as dist
+
+    from ._c10d import init_fake_world as init
+
+    for name, value in (("world_size", world_size), ("rank", rank)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"init_fake_world() {name} must be int, got {value!r}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise MeshError(
+            f"init_fake_world() got rank {rank} of world_size {world_size}; expected "
+            f"world_size >= 1 and 0 <= rank < world_size"
+        )
+    if dist.is_initialized():
+        raise MeshError(
+            "init_fake_world() found a default process group already; call "
+            "torch.distributed.destroy_process_group() first"
+        )
+    init(rank, world_size)

@@ -79,21 +79,19 @@ def torch_recipe(d: ParallelDims, groups: bool = True) -> dict[str, DeviceMesh]:
     Without ``groups``, torch's layout algebra alone: no process groups, and no loss
     mesh (torch cannot slice a mesh without groups; see :func:`_loss_row`).
     """
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from fmesh._c10d_dims import (
-        device_mesh_flatten,
-        device_mesh_unflatten,
-        device_mesh_without_groups,
-    )
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     if groups:
         world = init_device_mesh("cpu", (d.world,), mesh_dim_names=("world",))
     else:
-        world = device_mesh_without_groups(d.world, "world")
+        # torch's layout algebra alone: a mesh (and unflattens) with no groups.
+        world = DeviceMesh(
+            "cpu", torch.arange(d.world), mesh_dim_names=("world",), _init_backend=False
+        )
 
     def unflatten(sizes: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
-        return device_mesh_unflatten(world, 0, sizes, names)
+        return world._unflatten(0, sizes, names)
 
     batch = d.dp_replicate * d.dp_shard
     efsdp = d.dp_shard * d.cp * d.tp // (d.ep * d.etp)
@@ -116,7 +114,7 @@ def torch_recipe(d: ParallelDims, groups: bool = True) -> dict[str, DeviceMesh]:
         ),
     }
     if groups:
-        recipe["loss"] = device_mesh_flatten(dataloading["batch", "cp"], "loss")
+        recipe["loss"] = dataloading["batch", "cp"]._flatten("loss")
     return recipe
 
 
@@ -228,14 +226,12 @@ def fake_job(
     """Play each rank of each configuration in a fresh fake world."""
     import torch.distributed as dist
 
-    from fmesh._c10d_dims import init_fake_world
-
     out: dict[str, list[dict[str, Any]]] = {}
     for label, world, config, ranks in cases:
         d = ParallelDims.resolve(world, **config)
         out[label] = []
         for rank in ranks:
-            init_fake_world(rank, world)
+            fmesh.init_fake_world(world, rank)
             out[label].append(_facts(d, rank, False, torch_groups))
             fmesh.destroy()
             dist.destroy_process_group()
