@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from strategies import tiling_layouts
 
 import fmesh
-from fmesh._cli import crossing_groups, describe
+from fmesh._cli import describe
+from fmesh._hosts import crossing_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_ARGS = ("describe", "pp=2,dp=2,tp=4", "--rank", "5", "--local-world-size", "4")
