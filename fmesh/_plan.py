@@ -167,8 +167,8 @@ def _report(
     out.append("")
     out.append(
         f"process groups: {created} created, {reused} reused from fmesh's memo, "
-        f"{live} live (fmesh.cache_stats()); {comms} of them need a communicator "
-        f"({backend})"
+        f"{live} live (fmesh.cache_stats()); {comms} of this rank's groups need a "
+        f"communicator ({backend})"
     )
     parts = ", ".join(f"{t * 1e3:.1f} ms" for t in timings)
     total = sum(timings) * 1e3
