@@ -12,18 +12,24 @@ from ._errors import LaunchError as LaunchError
 from ._errors import MeshError as MeshError
 from ._errors import MeshMismatchError as MeshMismatchError
 from ._errors import UnrepresentableSplitError as UnrepresentableSplitError
+from ._hosts import AxisHosts as AxisHosts
+from ._hosts import HostReport as HostReport
+from ._hosts import host_report as host_report
+from ._hosts import make_hybrid_mesh as make_hybrid_mesh
 from ._interop import from_device_mesh as from_device_mesh
 from ._launch import init_fake_world as init_fake_world
 from ._layout import Layout as Layout
 from ._memo import cache_stats as cache_stats
 from ._memo import destroy as destroy
 from ._mesh import Mesh as Mesh
+from ._mesh import RanksLike as RanksLike
 from ._mesh import make_mesh as make_mesh
 from ._ops import coordinate as coordinate
 from ._ops import flatten as flatten
 from ._ops import group as group
 from ._ops import instance as instance
 from ._ops import instances as instances
+from ._ops import rank_at as rank_at
 from ._ops import rename as rename
 from ._ops import slice as slice  # noqa: A004 - the contract's name; shadows builtin
 from ._ops import unflatten as unflatten
@@ -32,12 +38,16 @@ from ._realized import CacheStats as CacheStats
 from ._realized import RealizedMesh as RealizedMesh
 from ._spec import P as P
 from ._spec import PartitionSpec as PartitionSpec
+from ._views import same_groups as same_groups
+from ._views import same_ranks as same_ranks
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AxisHosts",
     "AxisNotFoundError",
     "CacheStats",
+    "HostReport",
     "LaunchError",
     "Layout",
     "Mesh",
@@ -45,6 +55,7 @@ __all__ = [
     "MeshMismatchError",
     "P",
     "PartitionSpec",
+    "RanksLike",
     "RealizedMesh",
     "UnrepresentableSplitError",
     "cache_stats",
@@ -55,12 +66,17 @@ __all__ = [
     "from_device_mesh",
     "group",
     "init_fake_world",
+    "host_report",
     "instance",
     "instances",
+    "make_hybrid_mesh",
     "make_mesh",
     "placements",
+    "rank_at",
     "realize",
     "rename",
+    "same_groups",
+    "same_ranks",
     "slice",
     "spec_of",
     "unflatten",

@@ -57,7 +57,7 @@ def neighbours(mesh: Mesh, rank: int) -> list[int]:
         if layout.size == 1:
             continue
         c = layout.coordinate_of(index)
-        base = index - layout(c)
+        base = layout.group_base(index)
         for step in (1, -1):
             out.add(rank_of(mesh, base + layout((c + step) % layout.size)))
     out.discard(rank)

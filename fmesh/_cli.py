@@ -1,10 +1,12 @@
-"""The ``fmesh`` command line: draw a mesh, or dry-run :func:`fmesh.realize` for one rank.
+"""The ``fmesh`` command line: parse arguments, then draw a mesh or dry-run realize.
 
     python -m fmesh describe "pp=2,dp=4,tp=8" --rank 5 --flatten dp,tp
+    python -m fmesh describe "dp=2,tp=4" --json
     python -m fmesh plan --world 131072 "pp=16,dp=256,cp=4,tp=8" --rank 5
 
-``describe`` is pure; ``plan`` realizes the mesh on torch's ``fake`` backend, which
-creates process groups without any communication. torch is imported by ``plan`` only.
+This module only parses and dispatches: the text of ``describe`` comes from
+:mod:`fmesh._describe` (pure), the host analysis from :mod:`fmesh._hosts`, and the
+dry run of ``plan`` from :mod:`fmesh._plan`, which alone imports torch.
 
 A *host* is a block of ``--local-world-size`` consecutive global ranks (default 8); an
 axis is intra-host when every one of its groups lies inside one host.
@@ -14,42 +16,25 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import re
 import sys
-import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn, final
+from typing import NoReturn
 
-import attrs
-import numpy as np
-import numpy.typing as npt
-
+from ._describe import ShownAxis, describe_text
 from ._errors import MeshError
-from ._layout import Layout
-from ._memo import cache_stats, destroy
+from ._hosts import BANDWIDTH_HEAVY_AXES
 from ._mesh import Mesh, make_mesh
-from ._ops import coordinate, flatten, group, rank_of, unflatten
-from ._realize import realize
+from ._ops import flatten, unflatten
 
-if TYPE_CHECKING:
-    from torch.distributed import ProcessGroup
-
-__all__ = ["main"]
+__all__ = ["describe", "describe_json", "main", "parse_spec", "plan"]
 
 logger = logging.getLogger("fmesh")
 
 SPEC_HELP = 'comma-separated name=size pairs in axis order, e.g. "pp=2,dp=4,tp=8"'
-
-# Grid display: an axis longer than *_FULL shows its first and last *_EDGE entries.
-_COLS_FULL, _COLS_EDGE = 16, 6
-_ROWS_FULL, _ROWS_EDGE = 16, 4
-_BLOCKS_FULL, _BLOCKS_EDGE = 8, 2
-# Groups longer than this show their first _GROUP_HEAD ranks, "...", and the last.
-_GROUP_FULL, _GROUP_HEAD = 8, 4
-# Host analysis keeps one counter per rank of a host.
-_MAX_HOST = 1 << 24
+# c10d ranks and world sizes are 32-bit ints.
+_MAX_WORLD = 2**31 - 1
 
 
 class _CliError(MeshError):
@@ -123,35 +108,9 @@ def _parse_unflatten(text: str) -> tuple[str, dict[str, int]]:
     return axis.strip(), sizes
 
 
-@final
-@attrs.frozen
-class _Axis:
-    """One axis to report, with the mesh that has it (the root or a flattening)."""
-
-    name: str
-    mesh: Mesh
-    parts: tuple[str, ...] = ()
-    """Root axes this axis flattens; empty for a root axis."""
-
-    @property
-    def layout(self) -> Layout:
-        return self.mesh.axes[self.mesh.axis_names.index(self.name)]
-
-    @property
-    def num_groups(self) -> int:
-        return self.mesh.index_size // self.layout.size
-
-    def coordinate(self, rank: int) -> int | None:
-        coord = coordinate(self.mesh, rank)
-        return None if coord is None else coord[self.mesh.axis_names.index(self.name)]
-
-    def group(self, rank: int) -> tuple[int, ...]:
-        return group(self.mesh, self.name, rank)
-
-
 def _build(
     spec: str, unflattens: Sequence[str], flattens: Sequence[str]
-) -> tuple[Mesh, list[_Axis]]:
+) -> tuple[Mesh, list[ShownAxis]]:
     """The root mesh (after the unflattens) and every axis to report."""
     mesh = parse_spec(spec)
     for text in unflattens:
@@ -160,7 +119,7 @@ def _build(
             mesh = unflatten(mesh, axis, sizes)
         except MeshError as err:
             raise _CliError(f'--unflatten "{text}": {err}') from None
-    axes = [_Axis(name, mesh) for name in mesh.axis_names]
+    axes = [ShownAxis(name, mesh) for name in mesh.axis_names]
     for text in flattens:
         name, parts = _parse_flatten(text)
         try:
@@ -173,287 +132,11 @@ def _build(
                 f'--flatten "{text}" names its axis {new!r}, which is taken; name it '
                 f"with --flatten NAME={','.join(parts)}"
             )
-        axes.append(_Axis(new, flat, parts))
+        axes.append(ShownAxis(new, flat, parts))
     return mesh, axes
 
 
-# -- host analysis ---------------------------------------------------------------------
-
-
-def _add_progression(
-    counts: npt.NDArray[np.int64], size: int, step: int
-) -> npt.NDArray[np.int64]:
-    """Counts of ``r + k*step (mod len)`` over ``r`` and ``k < size``, by doubling."""
-    if step == 0:
-        return counts * size
-    host = len(counts)
-    result = counts.copy()
-    done = 1
-    for bit in bin(size)[3:]:
-        result = result + np.roll(result, done * step % host)
-        done *= 2
-        if bit == "1":
-            result = result + np.roll(counts, done * step % host)
-            done += 1
-    return result
-
-
-def crossing_groups(layout: Layout, index_size: int, host: int) -> int:
-    """How many groups of an axis straddle a host boundary (rank == index).
-
-    A group's smallest index is its base ``b`` and its largest ``b + cosize - 1``,
-    so it straddles iff ``b % host + cosize > host``; the bases are the values of the
-    complement, whose residues are counted mode by mode in O(host * modes * bits).
-    """
-    groups = index_size // layout.size
-    if layout.cosize > host:
-        return groups
-    if index_size <= host:
-        return 0
-    if host > _MAX_HOST:
-        raise _CliError(
-            f"--local-world-size {host} is too large to analyse; expected at most "
-            f"{_MAX_HOST} (ranks per host, e.g. 8)"
-        )
-    dtype = np.int64 if index_size < 1 << 62 else np.object_
-    counts: npt.NDArray[np.int64] = np.zeros(host, dtype=dtype)
-    counts[0] = 1
-    for size, stride in layout.complement(index_size).modes:
-        counts = _add_progression(counts, size, stride % host)
-    return int(counts[host - layout.cosize + 1 :].sum())
-
-
-def _placement(axis: _Axis, host: int) -> str:
-    crossing = crossing_groups(axis.layout, axis.mesh.index_size, host)
-    if crossing == 0:
-        return "intra-host"
-    if crossing == axis.num_groups:
-        return "cross-host"
-    return f"mixed: {crossing} of {axis.num_groups} groups cross hosts"
-
-
-def _hosts_of(ranks: Sequence[int], host: int) -> str:
-    first, last = min(ranks) // host, max(ranks) // host
-    if first == last:
-        return f"host {first}"
-    count = len(np.unique(np.asarray(ranks, dtype=np.int64) // host))
-    return f"{count} hosts"
-
-
-def _host_line(size: int, host: int) -> str:
-    hosts = -(-size // host)
-    partial = " (the last one partly filled)" if size % host else ""
-    return f"{hosts} host{'s' if hosts != 1 else ''} of {host} ranks{partial}"
-
-
-# -- formatting ------------------------------------------------------------------------
-
-
-def format_ranks(
-    ranks: Sequence[int], full: int = _GROUP_FULL, head: int = _GROUP_HEAD
-) -> str:
-    """``[0, 1, 2]``, or ``[0, 8, 16, 24, ..., 120]`` for a long group."""
-    if len(ranks) <= full:
-        return "[" + ", ".join(map(str, ranks)) + "]"
-    return f"[{', '.join(map(str, ranks[:head]))}, ..., {ranks[-1]}]"
-
-
-def _coord_str(names: Sequence[str], coord: Sequence[int]) -> str:
-    return "(" + ", ".join(f"{n}={c}" for n, c in zip(names, coord, strict=True)) + ")"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
-    """Aligned columns; columns in ``right`` are right-aligned; no trailing spaces."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    out = []
-    for row in [header, *rows]:
-        cells = [
-            cell.rjust(w) if i in right else cell.ljust(w)
-            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        out.append("  ".join(cells).rstrip())
-    return out
-
-
-def _shown(size: int, full: int, edge: int, keep: int | None) -> list[int | None]:
-    """Indices to display (``None`` marks elided ones), always including ``keep``."""
-    if size <= full:
-        return list(range(size))
-    extra = [] if keep is None else [keep]
-    wanted = sorted({*range(edge), *range(size - edge, size), *extra})
-    out: list[int | None] = []
-    for i in wanted:
-        if out and out[-1] is not None and out[-1] != i - 1:
-            out.append(None)
-        out.append(i)
-    return out
-
-
-def _rank_at(mesh: Mesh, coord: Sequence[int]) -> int:
-    """The rank at ``coord`` of a mesh with one instance."""
-    return rank_of(mesh, sum(ax(c) for ax, c in zip(mesh.axes, coord, strict=True)))
-
-
-def _grid(mesh: Mesh, mark: int | None) -> list[str]:
-    """The rank grid: one 2-d block per index of the leading axes, like numpy."""
-    names, sizes = mesh.axis_names, mesh.axis_sizes
-    mark_coord = coordinate(mesh, mark) if mark is not None else None
-    lead_n, lead_s = names[:-2], sizes[:-2]
-    row_n, row_s = (names[-2], sizes[-2]) if mesh.ndim >= 2 else ("", 1)
-    col_n, col_s = names[-1], sizes[-1]
-
-    def keep(axis: int) -> int | None:
-        return None if mark_coord is None else mark_coord[axis]
-
-    lead_keep = (
-        None
-        if mark_coord is None
-        else int(np.ravel_multi_index(mark_coord[:-2], lead_s))
-        if lead_s
-        else 0
-    )
-    blocks = _shown(math.prod(lead_s), _BLOCKS_FULL, _BLOCKS_EDGE, lead_keep)
-    rows = _shown(row_s, _ROWS_FULL, _ROWS_EDGE, keep(mesh.ndim - 2) if row_n else None)
-    cols = _shown(col_s, _COLS_FULL, _COLS_EDGE, keep(mesh.ndim - 1))
-
-    def lead_coord(block: int) -> tuple[int, ...]:
-        return tuple(int(i) for i in np.unravel_index(block, lead_s)) if lead_s else ()
-
-    def cell_rank(block: int, row: int, col: int) -> int:
-        coord = (*lead_coord(block), *((row,) if row_n else ()), col)
-        return _rank_at(mesh, coord)
-
-    shown_blocks = [b for b in blocks if b is not None]
-    shown_rows = [r for r in rows if r is not None]
-    shown_cols = [c for c in cols if c is not None]
-    # Width from the extreme ranks shown (ranks grow with no coordinate in general).
-    biggest = max(
-        cell_rank(b, r, c) for b in shown_blocks for r in shown_rows for c in shown_cols
-    )
-    width = max(len(str(biggest)), len(str(col_s - 1)), 3 if None in cols else 1)
-    corner = f"{row_n}\\{col_n}" if row_n else col_n
-    label_w = max(len(corner), len(str(row_s - 1)), 3)
-
-    def cell(text: str, marked: bool = False) -> str:
-        return f"[{text}]".rjust(width + 2) if marked else text.rjust(width + 1) + " "
-
-    head = (
-        corner.ljust(label_w)
-        + " "
-        + "".join(cell("..." if c is None else str(c)) for c in cols)
-    )
-    indent = "  " if lead_s else ""
-    out: list[str] = []
-    for block in blocks:
-        if block is None:
-            out.append("...")
-            continue
-        if lead_s:
-            out.append(_coord_str(lead_n, lead_coord(block))[1:-1])
-        out.append(indent + head.rstrip())
-        for row in rows:
-            if row is None:
-                out.append(indent + "...".rjust(label_w))
-                continue
-            label = str(row) if row_n else ""
-            line = label.rjust(label_w) + " "
-            for col in cols:
-                if col is None:
-                    line += cell("...")
-                    continue
-                rank = cell_rank(block, row, col)
-                line += cell(str(rank), rank == mark)
-            out.append(indent + line.rstrip())
-    return out
-
-
-def _grid_title(mesh: Mesh, mark: int | None) -> str:
-    names = mesh.axis_names
-    if mesh.ndim == 1:
-        where = f"along {names[0]}"
-    else:
-        where = f"rows {names[-2]}, columns {names[-1]}"
-        if mesh.ndim > 2:
-            where = f"one block per {', '.join(names[:-2])}; {where}"
-        where = f"({where})"
-    marked = f"; rank {mark} in [brackets]" if mark is not None else ""
-    return f"ranks by coordinate {where}{marked}:"
-
-
-def _flattened_notes(axes: Sequence[_Axis]) -> list[str]:
-    flat = [a for a in axes if a.parts]
-    return [f"flattened: {a.name} = ({', '.join(a.parts)})" for a in flat]
-
-
-def _example_groups(axis: _Axis) -> str:
-    """The first two groups and the last, by their base (smallest) rank."""
-    comp = axis.layout.complement(axis.mesh.index_size)
-    bases = [0, min(comp.stride, default=0), comp.cosize - 1][: axis.num_groups]
-    shown = [format_ranks(axis.group(b), full=4, head=3) for b in bases]
-    if axis.num_groups > 3:
-        shown.insert(2, "...")
-    return ", ".join(shown)
-
-
-def _axis_cells(axis: _Axis, host: int) -> list[str]:
-    """The columns every describe table starts with: axis, size, groups, layout, hosts."""
-    return [
-        axis.name,
-        str(axis.layout.size),
-        str(axis.num_groups),
-        str(axis.layout),
-        _placement(axis, host),
-    ]
-
-
-def describe(
-    spec: str,
-    *,
-    flattens: Sequence[str] = (),
-    unflattens: Sequence[str] = (),
-    rank: int | None = None,
-    local_world_size: int = 8,
-) -> str:
-    """The text ``fmesh describe`` prints."""
-    _check_host(local_world_size)
-    mesh, axes = _build(spec, unflattens, flattens)
-    if rank is not None and not 0 <= rank < mesh.size:
-        raise _CliError(
-            f'--rank {rank} is not in the mesh "{spec}" of {mesh.size} ranks; '
-            f"expected a rank in 0..{mesh.size - 1}"
-        )
-    host = local_world_size
-    out = [f"{mesh!r}: {mesh.size} ranks on {_host_line(mesh.size, host)}", ""]
-    out.append(_grid_title(mesh, rank))
-    out.extend(_grid(mesh, rank))
-    out.append("")
-    if rank is None:
-        header = ["axis", "size", "groups", "layout", "hosts", "example groups"]
-        rows = [[*_axis_cells(a, host), _example_groups(a)] for a in axes]
-    else:
-        coord = coordinate(mesh, rank)
-        assert coord is not None  # checked above
-        first = rank - rank % host
-        out.append(
-            f"rank {rank}: coordinate {_coord_str(mesh.axis_names, coord)} on host "
-            f"{rank // host} (ranks {first}..{min(first + host, mesh.size) - 1})"
-        )
-        header = [
-            "axis",
-            "size",
-            "groups",
-            "layout",
-            "hosts",
-            "coord",
-            f"group of rank {rank}",
-        ]
-        rows = [
-            [*_axis_cells(a, host), str(a.coordinate(rank)), format_ranks(a.group(rank))]
-            for a in axes
-        ]
-    out.extend(_table(header, rows, right={1, 2, 5} if rank is not None else {1, 2}))
-    out.extend(_flattened_notes(axes))
-    return "\n".join(out) + "\n"
+# -- commands -------------------------------------------------------------------------
 
 
 def _check_host(local_world_size: int) -> None:
@@ -464,20 +147,40 @@ def _check_host(local_world_size: int) -> None:
         )
 
 
-# -- plan ------------------------------------------------------------------------------
+def _parse_names(text: str, flag: str) -> tuple[str, ...]:
+    """``"tp,cp,ep"`` -> ``("tp", "cp", "ep")``; an empty string gives ``()``."""
+    parts = tuple(p.strip() for p in text.split(",")) if text.strip() else ()
+    if not all(parts):
+        raise _CliError(f'{flag} "{text}" is not a list of axis names; write e.g. tp,cp,ep')
+    return parts
 
 
-def _check_backend(backend: str) -> None:
-    from torch.distributed import Backend
+def describe(
+    spec: str,
+    *,
+    flattens: Sequence[str] = (),
+    unflattens: Sequence[str] = (),
+    rank: int | None = None,
+    local_world_size: int = 8,
+    keep_in_host: Sequence[str] = BANDWIDTH_HEAVY_AXES,
+) -> str:
+    """The text ``fmesh describe`` prints."""
+    _check_host(local_world_size)
+    mesh, axes = _build(spec, unflattens, flattens)
+    if rank is not None and not 0 <= rank < mesh.size:
+        raise _CliError(
+            f'--rank {rank} is not in the mesh "{spec}" of {mesh.size} ranks; '
+            f"expected a rank in 0..{mesh.size - 1}"
+        )
+    return describe_text(
+        mesh, axes, rank=rank, ranks_per_host=local_world_size, keep_in_host=keep_in_host
+    )
 
-    known = [b for b in Backend.backend_list if b not in ("undefined", "fake")]
-    for part in backend.split(","):
-        name = part.rpartition(":")[2].strip().lower()
-        if name not in known:
-            raise _CliError(
-                f"--backend {backend!r} names backend {name!r}; expected one of "
-                f"{known}, or a device map such as 'cpu:gloo,cuda:nccl'"
-            )
+
+def describe_json(spec: str, *, unflattens: Sequence[str] = ()) -> str:
+    """The text ``fmesh describe --json`` prints: the mesh as :meth:`Mesh.to_json`."""
+    mesh, _ = _build(spec, unflattens, ())
+    return mesh.to_json() + "\n"
 
 
 def plan(
@@ -498,131 +201,33 @@ def plan(
             f'--world {world} is smaller than the mesh "{spec}" of {mesh.size} ranks; '
             f"give --world {mesh.size} or more, or shrink the mesh"
         )
+    if world > _MAX_WORLD:
+        raise _CliError(
+            f"--world {world} is more ranks than torch can address; expected at most "
+            f"{_MAX_WORLD} (2**31 - 1)"
+        )
     if not 0 <= rank < world:
         raise _CliError(
             f"--rank {rank} is not in the world of {world} ranks; expected 0..{world - 1}"
         )
-    t0 = time.perf_counter()
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from ._plan import known_backends, plan_text
 
-    _check_backend(backend)
-    t1 = time.perf_counter()
-    logger.info("fmesh plan: torch imported in %.0f ms", (t1 - t0) * 1e3)
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-    try:
-        t2 = time.perf_counter()
-        logger.info("fmesh plan: fake world of %d initialized as rank %d", world, rank)
-        before = cache_stats()
-        timings: list[float] = []
-        groups: dict[str, ProcessGroup] = {}
-        meshes = [mesh, *(a.mesh for a in axes if a.parts)]
-        realized = []
-        for m in meshes:
-            start = time.perf_counter()
-            realized.append(realize(m))
-            timings.append(time.perf_counter() - start)
-        for a in axes:
-            r = realized[0] if not a.parts else realized[meshes.index(a.mesh)]
-            if r.coordinate is not None:
-                groups[a.name] = r.group(a.name)
-        after = cache_stats()
-        return _plan_report(
-            mesh,
-            axes,
-            world,
-            rank,
-            backend,
-            local_world_size,
-            groups,
-            (after.created - before.created, after.reused - before.reused, after.live),
-            timings,
-            t2 - t1,
-        )
-    finally:
-        destroy()
-        dist.destroy_process_group()
-
-
-def _plan_report(
-    mesh: Mesh,
-    axes: Sequence[_Axis],
-    world: int,
-    rank: int,
-    backend: str,
-    host: int,
-    groups: dict[str, ProcessGroup],
-    stats: tuple[int, int, int],
-    timings: Sequence[float],
-    init_s: float,
-) -> str:
-    import torch.distributed as dist
-
-    out = [
-        f"dry run of fmesh.realize on rank {rank} of a {world}-rank world "
-        f"(fake backend; a real run would use {backend})",
-        f"mesh {mesh!r}: {mesh.size} ranks on {_host_line(mesh.size, host)}",
-    ]
-    if mesh.size < world:
-        out.append(
-            f"the mesh covers ranks 0..{mesh.size - 1}; ranks {mesh.size}..{world - 1} "
-            "of the world are not members"
-        )
-    coord = coordinate(mesh, rank)
-    if coord is None:
-        out.append(
-            f"rank {rank} is not in the mesh: it gets coordinate None and creates no "
-            "process groups"
-        )
-    else:
-        out.append(
-            f"rank {rank}: coordinate {_coord_str(mesh.axis_names, coord)} on host "
-            f"{rank // host}"
-        )
-        out.append("")
-        header = [
-            "axis",
-            "size",
-            "group rank",
-            "hosts",
-            "process group",
-            f"group of rank {rank}",
-        ]
-        rows = []
-        seen: dict[int, str] = {}
-        for a in axes:
-            pg = groups[a.name]
-            ranks = dist.get_process_group_ranks(pg)
-            if id(pg) in seen:
-                comm = f"the same group as {seen[id(pg)]}"
-            elif pg.size() == 1:
-                comm = "no communicator (size 1)"
-            else:
-                comm = f"{backend} communicator"
-            seen.setdefault(id(pg), a.name)
-            where = _placement(a, host)
-            if where.startswith("mixed"):
-                where += f" (this one: {_hosts_of(ranks, host)})"
-            rows.append(
-                [a.name, str(pg.size()), str(pg.rank()), where, comm, format_ranks(ranks)]
+    known = known_backends()
+    for part in backend.split(","):
+        name = part.rpartition(":")[2].strip().lower()
+        if name not in known:
+            raise _CliError(
+                f"--backend {backend!r} names backend {name!r}; expected one of "
+                f"{known}, or a device map such as 'cpu:gloo,cuda:nccl'"
             )
-        out.extend(_table(header, rows, right={1, 2}))
-        out.extend(_flattened_notes(axes))
-    created, reused, live = stats
-    comms = sum(1 for pg in {id(g): g for g in groups.values()}.values() if pg.size() > 1)
-    out.append("")
-    out.append(
-        f"process groups: {created} created, {reused} reused from fmesh's memo, "
-        f"{live} live (fmesh.cache_stats()); {comms} would hold a {backend} communicator"
+    return plan_text(
+        mesh,
+        axes,
+        world=world,
+        rank=rank,
+        backend=backend,
+        ranks_per_host=local_world_size,
     )
-    parts = ", ".join(f"{t * 1e3:.1f} ms" for t in timings)
-    total = sum(timings) * 1e3
-    out.append(
-        f"realize: {total:.1f} ms for {len(timings)} mesh{'es' if len(timings) > 1 else ''}"
-        + (f" ({parts})" if len(timings) > 1 else "")
-        + f"; fake init_process_group: {init_s * 1e3:.0f} ms"
-    )
-    return "\n".join(out) + "\n"
 
 
 # -- entry point -----------------------------------------------------------------------
@@ -637,10 +242,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = _Parser(
         prog="fmesh",
         description="Draw an fmesh mesh, or dry-run realize for one rank on the fake backend.",
     )
+    parser.add_argument("--version", action="version", version=f"fmesh {__version__}")
     parser.add_argument(
         "-v",
         "--verbose",
@@ -681,6 +289,17 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("describe", help="draw the rank grid and each axis's groups")
     common(d)
     d.add_argument("--rank", default=None, metavar="R", help="show this rank's groups")
+    d.add_argument(
+        "--json",
+        action="store_true",
+        help="print the mesh (after any --unflatten) as fmesh.Mesh.to_json() instead",
+    )
+    d.add_argument(
+        "--keep-in-host",
+        default=",".join(BANDWIDTH_HEAVY_AXES),
+        metavar="AXES",
+        help="warn when these axes cross hosts (default %(default)s; '' for none)",
+    )
     p = sub.add_parser("plan", help="dry-run fmesh.realize for one rank (fake backend)")
     common(p)
     p.add_argument("--world", required=True, metavar="N", help="world size, e.g. 2**17")
@@ -696,6 +315,13 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> str:
     host = _parse_count(args.local_world_size, "--local-world-size")
     rank = None if args.rank is None else _parse_count(args.rank, "--rank")
+    if args.command == "describe" and args.json:
+        if args.rank is not None or args.flatten:
+            raise _CliError(
+                "--json prints the mesh itself, so it takes no --rank or --flatten; "
+                "drop them, or flatten in Python and call Mesh.to_json()"
+            )
+        return describe_json(args.spec, unflattens=args.unflatten)
     if args.command == "describe":
         return describe(
             args.spec,
@@ -703,6 +329,7 @@ def _run(args: argparse.Namespace) -> str:
             unflattens=args.unflatten,
             rank=rank,
             local_world_size=host,
+            keep_in_host=_parse_names(args.keep_in_host, "--keep-in-host"),
         )
     return plan(
         args.spec,
@@ -725,7 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
     try:
         text = _run(args)
-    except (MeshError, TypeError, ValueError) as err:
+    except MeshError as err:
+        # Bad specs and flags raise MeshError (the CLI's own errors subclass it);
+        # anything else is a bug and keeps its traceback.
         message = " ".join(str(err).split())
         print(f"fmesh: error: {message}", file=sys.stderr)
         return 2

@@ -197,6 +197,18 @@ class Layout:
             coord = coord * size + (index // stride) % size
         return coord
 
+    def group_base(self, index: int) -> int:
+        """The base of the group holding ``index``: the index at coordinate 0.
+
+        Every group of an axis is ``base + self(c)``; this inverts that for the
+        index's own group, in O(number of modes) (same validity as
+        :meth:`coordinate_of`).
+
+        >>> Layout.of((2, 2), (4, 1)).group_base(7)
+        2
+        """
+        return index - self(self.coordinate_of(index))
+
     def compose(self, size: int, step: int) -> Layout:
         """``self o (size:step)``: the layout ``k -> self(k * step)`` for ``k < size``.
 

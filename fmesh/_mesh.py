@@ -7,6 +7,7 @@ holds no resources and never talks to torch; see :func:`fmesh.realize` for that.
 
 from __future__ import annotations
 
+import json
 import math
 import types
 from collections.abc import Mapping, Sequence
@@ -16,53 +17,15 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from ._axes import axis_position, check_names, check_size, names_tuple
 from ._errors import MeshError
 from ._layout import Layout, complement_modes, row_major
 from ._rankmap import rank_map_info
 
-__all__ = ["Mesh", "RanksLike", "make_mesh"]
+__all__ = ["JSON_VERSION", "Mesh", "RanksLike", "make_mesh", "select_axes"]
 
 RanksLike = Sequence[int] | npt.NDArray[np.integer]
 """Global ranks in row-major order: a sequence of int or an integer array."""
-
-
-def _check_size(name: str, size: object) -> int:
-    if isinstance(size, bool) or not isinstance(size, int | np.integer):
-        raise TypeError(
-            f"axis {name!r} has size {size!r} of type {type(size).__name__}; "
-            "axis sizes must be int (not bool or float)"
-        )
-    if size < 1:
-        raise MeshError(
-            f"axis {name!r} has size {size}; axis sizes must be >= 1 "
-            "(use 1 for an axis that is present but not split)"
-        )
-    return int(size)
-
-
-def _check_names(names: object) -> tuple[str, ...]:
-    if not isinstance(names, tuple):
-        raise TypeError(f"axis_names must be a tuple of str, got {names!r}")
-    for name in names:
-        if not isinstance(name, str):
-            raise TypeError(
-                f"axis names must be str, got {name!r} of type {type(name).__name__} "
-                f"in {names!r}"
-            )
-        if not name:
-            raise MeshError(
-                f"axis names must be non-empty strings, got {names!r}; "
-                "name every axis, e.g. ('dp', 'tp')"
-            )
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise MeshError(
-                f"axis name {name!r} appears more than once in {names!r}; "
-                "axis names must be unique"
-            )
-        seen.add(name)
-    return names
 
 
 def _check_axes(axes: object) -> tuple[Layout, ...]:
@@ -110,7 +73,7 @@ class Mesh:
     ({'dp': 2, 'tp': 4}, 8, 2)
     """
 
-    axis_names: tuple[str, ...] = attrs.field(converter=_check_names)
+    axis_names: tuple[str, ...] = attrs.field(converter=check_names)
     """Unique, non-empty axis names, in axis order."""
     axes: tuple[Layout, ...] = attrs.field(converter=_check_axes)
     """One canonical layout per axis, over the index space."""
@@ -153,7 +116,7 @@ class Mesh:
         >>> Mesh.from_ranks([[0, 2], [1, 3]], ("dp", "tp"))
         Mesh(dp=2, tp=2, rank_map=[0, 2, 1, 3])
         """
-        names = _names_tuple(axis_names)
+        names = names_tuple(axis_names)
         array = np.asarray(ranks)
         if array.dtype.kind not in "iu":
             raise TypeError(
@@ -200,9 +163,81 @@ class Mesh:
 
     def axis_index(self, name: str) -> int:
         """Position of axis ``name``; raises :class:`AxisNotFoundError` if absent."""
-        from ._ops import axis_position
-
         return axis_position(self, name, "Mesh.axis_index")
+
+    def __getitem__(self, key: str | tuple[str, ...]) -> Mesh:
+        """``mesh["dp"]``, ``mesh["dp", "tp"]``: the same as ``fmesh.slice(mesh, ...)``.
+
+        Raises:
+            TypeError: for a key that is not a str or a tuple of str.
+            AxisNotFoundError: for an axis the mesh does not have.
+            MeshError: for an empty tuple or an axis named twice.
+
+        >>> import fmesh
+        >>> m = make_mesh({"dp": 2, "cp": 2, "tp": 2})
+        >>> m["tp", "dp"] == fmesh.slice(m, "tp", "dp")
+        True
+        >>> m["tp"]
+        Mesh(tp=2, layouts=(tp=(2):(1)), index_size=8)
+        """
+        if isinstance(key, str):
+            return select_axes(self, (key,), "Mesh.__getitem__")
+        if not isinstance(key, tuple):
+            raise TypeError(
+                f"mesh[...] takes axis names, got {key!r} of type {type(key).__name__}; "
+                "write mesh['dp'] or mesh['dp', 'tp']"
+            )
+        return select_axes(self, key, "Mesh.__getitem__")
+
+    def to_json(self) -> str:
+        """The mesh as one line of JSON that :meth:`Mesh.from_json` reads back exactly.
+
+        The schema is versioned: ``{"fmesh_mesh": 1, "axes": [{"name", "shape",
+        "stride"}, ...], "index_size": N, "rank_map": null or [rank, ...]}``, each
+        axis a canonical layout over the index space (see :class:`~fmesh.Layout`).
+
+        >>> import json
+        >>> json.loads(make_mesh({"dp": 2}, ranks=[4, 6]).to_json())
+        {'fmesh_mesh': 1, 'axes': [{'name': 'dp', 'shape': [2], 'stride': [1]}],
+         'index_size': 2, 'rank_map': [4, 6]}
+        """
+        payload = {
+            _VERSION_KEY: JSON_VERSION,
+            "axes": [
+                {"name": n, "shape": list(a.shape), "stride": list(a.stride)}
+                for n, a in zip(self.axis_names, self.axes)
+            ],
+            "index_size": self.index_size,
+            "rank_map": None if self.rank_map is None else list(self.rank_map),
+        }
+        return json.dumps(payload)
+
+    @classmethod
+    def from_json(cls, text: str) -> Mesh:
+        """The mesh that :meth:`Mesh.to_json` wrote: ``Mesh.from_json(m.to_json()) == m``.
+
+        Args:
+            text: JSON text in the schema :meth:`to_json` documents (version 1).
+
+        Returns:
+            The :class:`Mesh`, validated like any other.
+
+        Raises:
+            TypeError: when ``text`` is not a str.
+            MeshError: when the text is not JSON, not an fmesh mesh, of another
+                schema version, has missing or unknown fields, or describes no
+                valid mesh; the message says which.
+
+        >>> m = make_mesh({"dp": 2, "tp": 4}, ranks=range(7, -1, -1))["dp"]
+        >>> Mesh.from_json(m.to_json()) == m
+        True
+        """
+        if not isinstance(text, str):
+            hint = (
+                "; decode bytes first, e.g. data.decode()" if isinstance(text, bytes) else ""
+            )
+            raise TypeError(f"Mesh.from_json() takes a str, got {type(text).__name__}{hint}")
+        return _mesh_from_payload(_json_payload(text))
 
     def _axes_str(self) -> str:
         return ", ".join(f"{n}={layout}" for n, layout in zip(self.axis_names, self.axes))
@@ -222,15 +257,116 @@ class Mesh:
         return f"Mesh({', '.join(parts)})"
 
 
-def _names_tuple(axis_names: object) -> tuple[str, ...]:
-    if isinstance(axis_names, str):
-        raise TypeError(
-            f"axis_names must be a sequence of names, got the string {axis_names!r}; "
-            f"write ({axis_names!r},) for a single axis"
+def select_axes(mesh: Mesh, names: tuple[object, ...], fn: str) -> Mesh:
+    """The named axes of ``mesh`` in the given order (``slice`` and ``mesh[...]``)."""
+    if not names:
+        raise MeshError(
+            f"{fn}() needs at least one axis name; valid names are {list(mesh.axis_names)}"
         )
-    if not isinstance(axis_names, Sequence):
-        raise TypeError(f"axis_names must be a sequence of str, got {axis_names!r}")
-    return _check_names(tuple(axis_names))
+    positions = [axis_position(mesh, n, fn) for n in names]
+    if len(set(positions)) != len(positions):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise MeshError(
+            f"{fn}() got axis {dup!r} more than once in {names}; name each axis once"
+        )
+    return attrs.evolve(
+        mesh,
+        axis_names=tuple(mesh.axis_names[p] for p in positions),
+        axes=tuple(mesh.axes[p] for p in positions),
+    )
+
+
+# -- JSON -------------------------------------------------------------------------------
+
+JSON_VERSION = 1
+"""The schema version :meth:`Mesh.to_json` writes and :meth:`Mesh.from_json` reads."""
+_VERSION_KEY = "fmesh_mesh"
+_FIELDS = (_VERSION_KEY, "axes", "index_size", "rank_map")
+_AXIS_FIELDS = ("name", "shape", "stride")
+_JSON_EXAMPLE = (
+    '{"fmesh_mesh": 1, "axes": [{"name": "dp", "shape": [2], "stride": [1]}], '
+    '"index_size": 2, "rank_map": null}'
+)
+
+
+def _bad_json(what: str) -> MeshError:
+    return MeshError(
+        f"Mesh.from_json(): {what}; expected the text Mesh.to_json() writes, "
+        f"e.g. {_JSON_EXAMPLE}"
+    )
+
+
+def _json_payload(text: str) -> dict[str, object]:
+    """The checked top-level object: the version and the set of fields."""
+    try:
+        payload: object = json.loads(text)
+    except ValueError as err:  # json.JSONDecodeError, or a recursion/overflow refusal
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise _bad_json(f"the text {shown!r} is not JSON ({err})") from None
+    if not isinstance(payload, dict):
+        raise _bad_json(f"the JSON is a {type(payload).__name__}, not an object")
+    if _VERSION_KEY not in payload:
+        raise _bad_json(f"the object has no {_VERSION_KEY!r} version field")
+    version = payload[_VERSION_KEY]
+    if not _is_int(version) or version != JSON_VERSION:
+        raise MeshError(
+            f"Mesh.from_json(): schema version {version!r} is not supported; this "
+            f"fmesh reads version {JSON_VERSION} (write the text with the same or an "
+            "older fmesh, or upgrade fmesh)"
+        )
+    _check_fields(payload, _FIELDS, "the object")
+    return payload
+
+
+def _check_fields(obj: dict[str, object], fields: tuple[str, ...], where: str) -> None:
+    missing = [f for f in fields if f not in obj]
+    extra = sorted(str(k) for k in obj if k not in fields)
+    if missing or extra:
+        parts = ([f"lacks {missing}"] if missing else []) + (
+            [f"has unknown fields {extra}"] if extra else []
+        )
+        raise _bad_json(f"{where} {' and '.join(parts)}; its fields are {list(fields)}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_list(value: object, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(_is_int(v) for v in value):
+        raise _bad_json(f"{where} is {value!r}, not a list of integers")
+    return tuple(value)
+
+
+def _mesh_from_payload(payload: dict[str, object]) -> Mesh:
+    raw_axes = payload["axes"]
+    if not isinstance(raw_axes, list):
+        raise _bad_json(f"'axes' is {raw_axes!r}, not a list of axis objects")
+    names: list[str] = []
+    layouts: list[Layout] = []
+    for k, axis in enumerate(raw_axes):
+        if not isinstance(axis, dict):
+            raise _bad_json(f"axes[{k}] is {axis!r}, not an object")
+        _check_fields(axis, _AXIS_FIELDS, f"axes[{k}]")
+        name = axis["name"]
+        if not isinstance(name, str):
+            raise _bad_json(f"axes[{k}].name is {name!r}, not a string")
+        shape = _int_list(axis["shape"], f"axes[{k}].shape")
+        stride = _int_list(axis["stride"], f"axes[{k}].stride")
+        try:
+            layouts.append(Layout.of(shape, stride))
+        except MeshError as err:
+            raise _bad_json(f"axis {name!r} is no layout: {err}") from None
+        names.append(name)
+    index_size = payload["index_size"]
+    if not _is_int(index_size):
+        raise _bad_json(f"'index_size' is {index_size!r}, not an integer")
+    raw_map = payload["rank_map"]
+    rank_map = None if raw_map is None else _int_list(raw_map, "'rank_map'")
+    try:
+        return Mesh(tuple(names), tuple(layouts), index_size, rank_map)
+    except MeshError as err:
+        raise MeshError(f"Mesh.from_json(): the JSON describes no valid mesh: {err}") from None
 
 
 @overload
@@ -284,7 +420,7 @@ def make_mesh(
                 "make_mesh got a mapping of axis sizes and axis_names; the mapping "
                 "already names the axes, so drop axis_names"
             )
-        names = _names_tuple(tuple(axis_sizes.keys()))
+        names = names_tuple(tuple(axis_sizes.keys()))
         sizes_in: tuple[object, ...] = tuple(axis_sizes.values())
     else:
         if isinstance(axis_sizes, str | bytes) or not isinstance(axis_sizes, Sequence):
@@ -297,14 +433,14 @@ def make_mesh(
                 "make_mesh needs axis_names when axis_sizes is a sequence; "
                 "e.g. make_mesh((2, 4), ('dp', 'tp')) or make_mesh({'dp': 2, 'tp': 4})"
             )
-        names = _names_tuple(axis_names)
+        names = names_tuple(axis_names)
         sizes_in = tuple(axis_sizes)
         if len(sizes_in) != len(names):
             raise MeshError(
                 f"make_mesh got {len(sizes_in)} sizes {sizes_in} but {len(names)} "
                 f"names {names}; give one name per axis"
             )
-    sizes = tuple(_check_size(n, s) for n, s in zip(names, sizes_in))
+    sizes = tuple(check_size(n, s) for n, s in zip(names, sizes_in))
     size = math.prod(sizes)
     rank_map: tuple[int, ...] | None = None
     if ranks is not None:

@@ -8,26 +8,29 @@ map (validated once per rank-map object).
 
 from __future__ import annotations
 
-import builtins
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import AxisNotFoundError, MeshError, UnrepresentableSplitError
+from ._axes import axis_position, check_names, check_size
+from ._errors import MeshError, UnrepresentableSplitError
 from ._layout import Layout, complement_modes
-from ._mesh import Mesh, _check_names, _check_size
+from ._mesh import Mesh, select_axes
 from ._rankmap import rank_map_info
 
 __all__ = [
+    "axis_position",
     "coordinate",
     "flatten",
     "group",
     "index_of",
     "instance",
     "instances",
+    "rank_at",
     "rank_of",
     "rename",
     "slice",
@@ -39,21 +42,6 @@ def _require_mesh(mesh: object, fn: str) -> Mesh:
     if not isinstance(mesh, Mesh):
         raise TypeError(f"{fn}() needs an fmesh.Mesh, got {type(mesh).__name__}")
     return mesh
-
-
-def axis_position(mesh: Mesh, name: object, fn: str) -> int:
-    """Index of axis ``name`` in ``mesh``, with a helpful error when missing."""
-    if not isinstance(name, str):
-        raise TypeError(
-            f"{fn}() axis names must be str, got {name!r} of type {type(name).__name__}"
-        )
-    try:
-        return mesh.axis_names.index(name)
-    except ValueError:
-        raise AxisNotFoundError(
-            f"{fn}(): {mesh!r} has no axis {name!r}; valid axis names are "
-            f"{list(mesh.axis_names)}"
-        ) from None
 
 
 def _evolve(mesh: Mesh, names: tuple[str, ...], axes: tuple[Layout, ...]) -> Mesh:
@@ -78,17 +66,7 @@ def slice(mesh: Mesh, *axis_names: str) -> Mesh:  # noqa: A001 - the contract's 
     (3, 7)
     """
     _require_mesh(mesh, "slice")
-    if not axis_names:
-        raise MeshError(
-            f"slice() needs at least one axis name; valid names are {list(mesh.axis_names)}"
-        )
-    positions = [axis_position(mesh, n, "slice") for n in axis_names]
-    if len(set(positions)) != len(positions):
-        dup = next(n for n in axis_names if axis_names.count(n) > 1)
-        raise MeshError(
-            f"slice() got axis {dup!r} more than once in {axis_names}; name each axis once"
-        )
-    return _evolve(mesh, tuple(axis_names), tuple(mesh.axes[p] for p in positions))
+    return select_axes(mesh, axis_names, "slice")
 
 
 def flatten(mesh: Mesh, axis_names: Sequence[str], name: str | None = None) -> Mesh:
@@ -107,7 +85,7 @@ def flatten(mesh: Mesh, axis_names: Sequence[str], name: str | None = None) -> M
     if isinstance(axis_names, str) or not isinstance(axis_names, Sequence):
         raise TypeError(
             f"flatten() takes a sequence of axis names, got {axis_names!r}; write "
-            f"flatten(mesh, ({axis_names!r}, ...))"
+            f"flatten(mesh, {_names_hint(axis_names)})"
         )
     names = tuple(axis_names)
     if not names:
@@ -138,7 +116,15 @@ def flatten(mesh: Mesh, axis_names: Sequence[str], name: str | None = None) -> M
         elif i not in positions:
             new_names.append(n)
             new_axes.append(layout)
-    return _evolve(mesh, _check_names(tuple(new_names)), tuple(new_axes))
+    return _evolve(mesh, check_names(tuple(new_names)), tuple(new_axes))
+
+
+def _names_hint(text: object) -> str:
+    """A tuple of names for a string the user meant as several: ``'dp,tp'``."""
+    if not isinstance(text, str):
+        return "('dp', 'tp')"
+    parts = [p for p in re.split(r"[\s,]+", text) if p]
+    return repr(tuple(parts)) if len(parts) > 1 else f"({text!r}, ...)"
 
 
 def _working_splits(layout: Layout, count: int, limit: int = 6) -> list[tuple[int, ...]]:
@@ -204,7 +190,7 @@ def unflatten(mesh: Mesh, axis_name: str, sizes: Mapping[str, int]) -> Mesh:
     for n in new_names:
         if not isinstance(n, str):
             raise TypeError(f"unflatten() new axis names must be str, got {n!r}")
-    new_sizes = tuple(_check_size(n, s) for n, s in sizes.items())
+    new_sizes = tuple(check_size(n, s) for n, s in sizes.items())
     layout = mesh.axes[pos]
     if math.prod(new_sizes) != layout.size:
         raise MeshError(
@@ -236,7 +222,7 @@ def unflatten(mesh: Mesh, axis_name: str, sizes: Mapping[str, int]) -> Mesh:
         ) from None
     names = (*mesh.axis_names[:pos], *new_names, *mesh.axis_names[pos + 1 :])
     axes = (*mesh.axes[:pos], *parts, *mesh.axes[pos + 1 :])
-    return _evolve(mesh, _check_names(tuple(names)), tuple(axes))
+    return _evolve(mesh, check_names(tuple(names)), tuple(axes))
 
 
 def rename(mesh: Mesh, names: Mapping[str, str]) -> Mesh:
@@ -253,7 +239,7 @@ def rename(mesh: Mesh, names: Mapping[str, str]) -> Mesh:
         axis_position(mesh, old, "rename")
     new = tuple(names.get(n, n) for n in mesh.axis_names)
     try:
-        checked = _check_names(new)
+        checked = check_names(new)
     except MeshError as err:
         raise MeshError(f"rename({dict(names)}) of {mesh!r}: {err}") from None
     return _evolve(mesh, checked, mesh.axes)
@@ -336,11 +322,93 @@ def group(mesh: Mesh, axis_name: str, rank: int) -> tuple[int, ...]:
     pos = axis_position(mesh, axis_name, "group")
     index = _located(mesh, rank, "group")
     layout = mesh.axes[pos]
-    base = index - layout(layout.coordinate_of(index))
+    base = layout.group_base(index)
     if mesh.rank_map is None:
         return tuple(base + v for v in layout.values())
     rmap = mesh.rank_map
     return tuple(rmap[base + v] for v in layout.values())
+
+
+def _instance_base(mesh: Mesh, index: int) -> int:
+    """The base of the instance holding ``index``: its index at coordinate (0, ..., 0).
+
+    The axes own disjoint digits of the index, so taking each axis's group base in
+    turn clears them all.
+    """
+    for layout in mesh.axes:
+        index = layout.group_base(index)
+    return index
+
+
+def _instance_bases(mesh: Mesh) -> Layout:
+    """The layout of instance bases, in instance order (ascending)."""
+    modes = [m for layout in mesh.axes for m in layout.modes]
+    return Layout._from_modes(complement_modes(modes, mesh.index_size))
+
+
+def rank_at(mesh: Mesh, coordinate: Sequence[int], instance: int = 0) -> int:
+    """The global rank at ``coordinate`` of instance number ``instance`` (O(modes)).
+
+    The inverse of :func:`coordinate`: ``rank_at(mesh, coordinate(mesh, r), k) == r``
+    for the instance ``k`` holding ``r``. Instances are numbered as in
+    :func:`instances` (by their base index), so
+    ``rank_at(mesh, c, k) == instances(mesh)[(k, *c)]``.
+
+    Args:
+        mesh: the mesh.
+        coordinate: one coordinate per axis, each in ``0..size-1``.
+        instance: which instance, ``0..mesh.num_instances-1`` (default the first;
+            a root mesh has only that one).
+
+    Returns:
+        The global rank at that position.
+
+    Raises:
+        TypeError: when ``coordinate`` is not a sequence of int or ``instance`` not
+            an int.
+        MeshError: when the coordinate has the wrong length or is out of range, or
+            the instance does not exist.
+
+    >>> from fmesh import make_mesh, rank_at, slice
+    >>> rank_at(make_mesh({"dp": 2, "tp": 4}), (1, 2))
+    6
+    >>> rank_at(slice(make_mesh({"dp": 2, "tp": 4}), "dp"), (1,), instance=3)
+    7
+    """
+    _require_mesh(mesh, "rank_at")
+    if isinstance(coordinate, str | bytes) or not isinstance(coordinate, Sequence):
+        raise TypeError(
+            f"rank_at() takes a coordinate as a sequence of int, got {coordinate!r}; "
+            f"e.g. rank_at(mesh, {tuple(0 for _ in mesh.axes)!r})"
+        )
+    if len(coordinate) != mesh.ndim:
+        raise MeshError(
+            f"rank_at(): coordinate {tuple(coordinate)!r} has {len(coordinate)} entries "
+            f"but {mesh!r} has {mesh.ndim} axes {mesh.axis_names}; give one per axis"
+        )
+    index = 0
+    for name, layout, c in zip(mesh.axis_names, mesh.axes, coordinate):
+        if isinstance(c, bool) or not isinstance(c, int | np.integer):
+            raise TypeError(
+                f"rank_at() coordinate entries must be int, got {c!r} for axis {name!r}"
+            )
+        if not 0 <= c < layout.size:
+            raise MeshError(
+                f"rank_at(): coordinate {c} along axis {name!r} is outside 0.."
+                f"{layout.size - 1}; the axis has size {layout.size}"
+            )
+        index += layout(int(c))
+    if isinstance(instance, bool) or not isinstance(instance, int | np.integer):
+        raise TypeError(f"rank_at() instance must be int, got {instance!r}")
+    if not 0 <= instance < mesh.num_instances:
+        raise MeshError(
+            f"rank_at(): instance {instance} does not exist; {mesh!r} has "
+            f"{mesh.num_instances} instance{'s' if mesh.num_instances != 1 else ''} "
+            f"(0..{mesh.num_instances - 1})"
+        )
+    if mesh.num_instances > 1:
+        index += _instance_bases(mesh)(int(instance))
+    return rank_of(mesh, index)
 
 
 def _grid(mesh: Mesh) -> npt.NDArray[np.int64]:
@@ -364,8 +432,7 @@ def instance(mesh: Mesh, rank: int) -> npt.NDArray[np.int64]:
     """
     _require_mesh(mesh, "instance")
     index = _located(mesh, rank, "instance")
-    base = index - builtins.sum(layout(layout.coordinate_of(index)) for layout in mesh.axes)
-    return _ranks_array(mesh, _grid(mesh) + base)
+    return _ranks_array(mesh, _grid(mesh) + _instance_base(mesh, index))
 
 
 def instances(mesh: Mesh) -> npt.NDArray[np.int64]:
@@ -378,7 +445,6 @@ def instances(mesh: Mesh) -> npt.NDArray[np.int64]:
     [[0, 2], [1, 3]]
     """
     _require_mesh(mesh, "instances")
-    modes = [m for layout in mesh.axes for m in layout.modes]
-    bases = Layout._from_modes(complement_modes(modes, mesh.index_size)).values()
+    bases = _instance_bases(mesh).values()
     base_arr = np.asarray(bases, dtype=np.int64).reshape((-1,) + (1,) * mesh.ndim)
     return _ranks_array(mesh, _grid(mesh)[None, ...] + base_arr)

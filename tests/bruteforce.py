@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 import pytest
-from strategies import Flatten, Op, Slice, Unflatten
+from strategies import Flatten, MeshSpec, Op, Slice, Unflatten
 
 import fmesh
 
@@ -129,6 +129,14 @@ class Model:
         if not bool(np.all(offsets == offsets[0])):
             return False
         return is_layout_function(tuple(int(v) for v in offsets[0]))
+
+
+def model_of(spec: MeshSpec, chain: Sequence[Op] = ()) -> Model:
+    """The model of a root mesh after a chain of operations."""
+    model = Model.root(spec.sizes, spec.names, spec.rank_list())
+    for op in chain:
+        model = model.apply(op)
+    return model
 
 
 @functools.lru_cache(maxsize=4096)

@@ -260,3 +260,56 @@ def partition_specs(
         if dim >= 0:
             dims[dim].append(name)
     return tuple(tuple(d) for d in dims)
+
+
+@st.composite
+def op_chains(draw: st.DrawFn, spec: MeshSpec, max_ops: int = 3) -> tuple[Op, ...]:
+    """Operations to apply in turn to the root of ``spec`` (refused unflattens dropped)."""
+    mesh = spec.build()
+    chain: list[Op] = []
+    for _ in range(draw(st.integers(0, max_ops), label="chain length")):
+        op = draw(ops(mesh.axis_names, mesh.axis_sizes))
+        try:
+            mesh = apply_op(mesh, op)
+        except fmesh.UnrepresentableSplitError:
+            continue
+        chain.append(op)
+    return tuple(chain)
+
+
+@st.composite
+def derived_specs(
+    draw: st.DrawFn, kinds: tuple[str, ...] = RANK_KINDS, max_ops: int = 3
+) -> tuple[MeshSpec, tuple[Op, ...]]:
+    """A root mesh and a chain of operations on it (unflattens fmesh refuses are dropped).
+
+    Tests build both the fmesh mesh (:func:`build_chain`) and the brute-force model
+    from the same description.
+    """
+    spec = draw(mesh_specs(kinds))
+    return spec, draw(op_chains(spec, max_ops))
+
+
+def build_chain(spec: MeshSpec, chain: tuple[Op, ...]) -> fmesh.Mesh:
+    """The fmesh mesh of a :func:`derived_specs` draw."""
+    mesh = spec.build()
+    for op in chain:
+        mesh = apply_op(mesh, op)
+    return mesh
+
+
+@st.composite
+def hybrid_shapes(
+    draw: st.DrawFn, max_axes: int = 4, max_world: int = MAX_WORLD
+) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    """Axis names, intra-host sizes and inter-host sizes for ``make_hybrid_mesh``."""
+    count = draw(st.integers(1, max_axes))
+    names = draw(axis_names(count))
+    intra: list[int] = []
+    inter: list[int] = []
+    for _ in range(count):
+        budget = max_world // (math.prod(intra) * math.prod(inter))
+        intra.append(draw(st.integers(1, max(1, min(4, budget)))))
+        budget = max_world // (math.prod(intra) * math.prod(inter))
+        inter.append(draw(st.integers(1, max(1, min(4, budget)))))
+    return names, tuple(intra), tuple(inter)

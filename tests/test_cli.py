@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from strategies import tiling_layouts
 
 import fmesh
-from fmesh._cli import crossing_groups, describe
+from fmesh._cli import describe, main
+from fmesh._describe import a_or_an
+from fmesh._hosts import crossing_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_ARGS = ("describe", "pp=2,dp=2,tp=4", "--rank", "5", "--local-world-size", "4")
@@ -306,6 +308,9 @@ def test_plan_non_member_of_a_sub_world() -> None:
         (("describe", "world=6", "--unflatten", "world=a:4,b:2"), "multiply"),
         (("plan", "--world", "4", "dp=2,tp=4"), "--world 4"),
         (("plan", "dp=2"), "--world"),
+        (("describe", "dp=2", "--json", "--rank", "1"), "--json prints the mesh itself"),
+        (("describe", "dp=2", "--keep-in-host", "tp,,cp"), "--keep-in-host"),
+        (("plan", "--world", "2**31", "dp=2"), "at most 2147483647"),
     ],
 )
 def test_bad_arguments_give_one_error_line(args: tuple[str, ...], needle: str) -> None:
@@ -387,3 +392,154 @@ def test_documented_example_is_the_real_output() -> None:
         return  # the README does not show this command
     assert body, f"README.md shows `{EXAMPLE_CMD}` but no fenced output block after it"
     assert _normal(body) == _normal(live.splitlines())
+
+
+# -- round 2: --version, --json, host warnings, articles, error handling --------------
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    status = main(list(args))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"fmesh {fmesh.__version__}\n"
+
+
+def test_describe_json_is_the_mesh(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_main(capsys, "describe", "pp=2,dp=3,tp=4", "--json")
+    assert status == 0
+    assert out.count("\n") == 1
+    assert fmesh.Mesh.from_json(out) == fmesh.make_mesh({"pp": 2, "dp": 3, "tp": 4})
+    status, out, _ = run_main(
+        capsys, "describe", "world=24", "--unflatten", "world=dp:2,cp:3,tp:4", "--json"
+    )
+    assert status == 0
+    expected = fmesh.unflatten(
+        fmesh.make_mesh({"world": 24}), "world", {"dp": 2, "cp": 3, "tp": 4}
+    )
+    assert fmesh.Mesh.from_json(out) == expected
+
+
+def test_one_host_is_not_partly_filled() -> None:
+    first = describe("dp=2,tp=2").splitlines()[0]
+    assert first == "Mesh(dp=2, tp=2): 4 ranks on 1 host of 8 ranks"
+    first = describe("dp=3,tp=3", local_world_size=4).splitlines()[0]
+    assert (
+        first == "Mesh(dp=3, tp=3): 9 ranks on 3 hosts of 4 ranks (the last one partly filled)"
+    )
+    first = describe("dp=2,tp=4", local_world_size=4).splitlines()[0]
+    assert first == "Mesh(dp=2, tp=4): 8 ranks on 2 hosts of 4 ranks"
+
+
+WARNING = re.compile(r"^warning: axis (\S+) crosses hosts of (\d+) ranks \((.*)\)$")
+
+
+@pytest.mark.parametrize(
+    ("spec", "flattens", "host", "keep"),
+    [
+        ("pp=2,tp=4,dp=2", ["dp,tp"], 4, ("tp", "cp", "ep")),
+        ("dp=3,tp=3", [], 4, ("tp", "cp", "ep")),
+        ("dp=2,cp=2,tp=4", ["dp_cp=dp,cp"], 4, ("tp", "cp", "ep")),
+        ("dp=2,cp=2,tp=4", ["dp_cp=dp,cp"], 4, ("tp", "dp_cp")),
+        ("pp=2,ep=4,tp=2", [], 8, ("tp", "cp", "ep")),
+        ("dp=2,tp=8", [], 8, ("tp", "cp", "ep")),
+        ("dp=2,tp=8", [], 4, ()),
+    ],
+)
+def test_describe_warns_when_a_heavy_axis_crosses_hosts(
+    spec: str, flattens: list[str], host: int, keep: tuple[str, ...]
+) -> None:
+    out = describe(spec, flattens=flattens, local_world_size=host, keep_in_host=keep)
+    mesh = fmesh.make_mesh({k: int(v) for k, v in (p.split("=") for p in spec.split(","))})
+    shown = [(n, mesh) for n in mesh.axis_names]
+    for text in flattens:
+        name, _, parts = text.rpartition("=")
+        axes = tuple(parts.split(","))
+        flat = fmesh.flatten(mesh, axes, name or None)
+        shown.append((name or "_".join(axes), flat))
+    expected = {
+        name: placement(m, name, host)
+        for name, m in shown
+        if name in keep and placement(m, name, host) != "intra-host"
+    }
+    found = {}
+    for line in out.splitlines():
+        match = WARNING.match(line)
+        if match:
+            assert int(match.group(2)) == host
+            found[match.group(1)] = match.group(3)
+    assert found == expected
+    assert ("fmesh.make_hybrid_mesh" in out) == bool(expected)
+    if expected:
+        assert f"bandwidth-heavy axes ({', '.join(keep)}) belong inside a host" in out
+
+
+def test_describe_keep_in_host_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    _, default, _ = run_main(capsys, "describe", "tp=4,dp=2", "--local-world-size", "4")
+    assert "warning: axis tp crosses hosts" in default
+    _, none, _ = run_main(
+        capsys, "describe", "tp=4,dp=2", "--local-world-size", "4", "--keep-in-host", ""
+    )
+    assert "warning" not in none
+    _, dp, _ = run_main(
+        capsys, "describe", "tp=4,dp=2", "--local-world-size", "4", "--keep-in-host", "dp"
+    )
+    assert "warning: axis dp crosses" not in dp and "warning: axis tp" not in dp
+
+
+@pytest.mark.parametrize(
+    ("number", "article"),
+    [
+        (1, "a"),
+        (2, "a"),
+        (8, "an"),
+        (11, "an"),
+        (12, "a"),
+        (18, "an"),
+        (80, "an"),
+        (88, "an"),
+        (100, "a"),
+        (800, "an"),
+        (1000, "a"),
+        (8000, "an"),
+        (11000, "an"),
+        (18432, "an"),
+        (65536, "a"),
+        (80000, "an"),
+        (131072, "a"),
+        (800000, "an"),
+        (1048576, "a"),
+        (8388608, "an"),
+    ],
+)
+def test_articles(number: int, article: str) -> None:
+    assert a_or_an(number) == article
+
+
+def test_plan_uses_the_right_article() -> None:
+    out = ok("plan", "--world", "8", "dp=2,tp=4", "--rank", "3", "--backend", "gloo")
+    assert "rank 3 of an 8-rank world" in out
+    assert "1 host of 8 ranks" in out and "partly" not in out
+
+
+def test_programming_errors_are_not_usage_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(*args: object, **kwargs: object) -> str:
+        raise TypeError("a bug, not a bad argument")
+
+    monkeypatch.setattr(fmesh._cli, "describe", broken)
+    with pytest.raises(TypeError, match="a bug"):
+        main(["describe", "dp=2"])
+
+    def refused(*args: object, **kwargs: object) -> str:
+        raise fmesh.MeshError("bad mesh\n  on two lines")
+
+    monkeypatch.setattr(fmesh._cli, "describe", refused)
+    status, out, err = run_main(capsys, "describe", "dp=2")
+    assert (status, out, err) == (2, "", "fmesh: error: bad mesh on two lines\n")

@@ -295,6 +295,8 @@ UNKNOWN_AXIS = [
     pytest.param(lambda: fmesh.rename(M, {"pp": "x"}), "rename", id="rename"),
     pytest.param(lambda: fmesh.group(M, "pp", 0), "group", id="group"),
     pytest.param(lambda: M.axis_index("pp"), "Mesh.axis_index", id="axis_index"),
+    pytest.param(lambda: M["pp"], "Mesh.__getitem__", id="getitem"),
+    pytest.param(lambda: M["dp", "pp"], "Mesh.__getitem__", id="getitem second"),
 ]
 
 
@@ -551,6 +553,79 @@ OPERATIONS = [
         TypeError,
         r"instances\(\) needs an fmesh\.Mesh, got int",
         "instances non-mesh",
+    ),
+    _case(
+        lambda: fmesh.flatten(M, bad("dp,tp")),
+        TypeError,
+        r"got 'dp,tp'; write flatten\(mesh, \('dp', 'tp'\)\)$",
+        "flatten comma string",
+    ),
+    _case(
+        lambda: M[bad(0)],
+        TypeError,
+        r"mesh\[\.\.\.\] takes axis names, got 0 of type int; write mesh\['dp'\]",
+        "getitem int",
+    ),
+    _case(
+        lambda: M[bad(["dp", "tp"])],
+        TypeError,
+        r"got \['dp', 'tp'\] of type list; write mesh\['dp'\] or mesh\['dp', 'tp'\]",
+        "getitem list",
+    ),
+    _case(
+        lambda: M[()],
+        MeshError,
+        r"Mesh.__getitem__\(\) needs at least one axis name; valid names are \['dp', 'tp'\]",
+        "getitem nothing",
+    ),
+    _case(
+        lambda: M["tp", "tp"],
+        MeshError,
+        r"Mesh.__getitem__\(\) got axis 'tp' more than once in \('tp', 'tp'\)",
+        "getitem twice",
+    ),
+    _case(
+        lambda: M[bad(("dp", 1))],
+        TypeError,
+        r"Mesh.__getitem__\(\) axis names must be str, got 1 of type int",
+        "getitem tuple with int",
+    ),
+    _case(
+        lambda: fmesh.rank_at(M, (1,)),
+        MeshError,
+        r"rank_at\(\): coordinate \(1,\) has 1 entries but Mesh\(dp=2, tp=4\) has 2 axes",
+        "rank_at short coordinate",
+    ),
+    _case(
+        lambda: fmesh.rank_at(M, (1, 4)),
+        MeshError,
+        r"rank_at\(\): coordinate 4 along axis 'tp' is outside 0..3; the axis has size 4",
+        "rank_at out of range",
+    ),
+    _case(
+        lambda: fmesh.rank_at(M, (0, 0), instance=1),
+        MeshError,
+        r"rank_at\(\): instance 1 does not exist; Mesh\(dp=2, tp=4\) has 1 instance \(0..0\)",
+        "rank_at instance",
+    ),
+    _case(
+        lambda: fmesh.rank_at(M, bad("01")),
+        TypeError,
+        r"rank_at\(\) takes a coordinate as a sequence of int, got '01'; e.g. rank_at\(mesh, "
+        r"\(0, 0\)\)",
+        "rank_at string",
+    ),
+    _case(
+        lambda: fmesh.rank_at(M, (0, bad(1.0))),
+        TypeError,
+        r"rank_at\(\) coordinate entries must be int, got 1.0 for axis 'tp'",
+        "rank_at float",
+    ),
+    _case(
+        lambda: fmesh.rank_at(bad({"dp": 2}), (0,)),
+        TypeError,
+        r"rank_at\(\) needs an fmesh\.Mesh, got dict",
+        "rank_at non-mesh",
     ),
 ]
 

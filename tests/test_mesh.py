@@ -137,3 +137,14 @@ def test_import_fmesh_does_not_import_torch() -> None:
     code = "import fmesh, sys; assert 'torch' not in sys.modules, 'torch was imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@settings(max_examples=80, deadline=None)
+@given(derived_meshes(), st.data())
+def test_getitem_is_slice(mesh: fmesh.Mesh, data: st.DataObject) -> None:
+    names = data.draw(st.permutations(mesh.axis_names))
+    names = names[: data.draw(st.integers(1, len(names)))]
+    assert mesh[tuple(names)] == fmesh.slice(mesh, *names)
+    assert mesh[names[0]] == fmesh.slice(mesh, names[0])
+    if len(names) == 2:
+        assert mesh[names[0], names[1]] == fmesh.slice(mesh, names[0], names[1])

@@ -14,16 +14,20 @@ import re
 
 import numpy as np
 import pytest
-from bruteforce import Model, check_mesh
+from bruteforce import Model, check_mesh, layout_values, model_of
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from strategies import (
     MeshSpec,
+    Op,
     Unflatten,
     apply_op,
+    build_chain,
+    derived_specs,
     factorizations,
     mesh_specs,
     ops,
+    tiling_layouts,
 )
 
 import fmesh
@@ -247,3 +251,45 @@ def test_query_properties(spec: MeshSpec, data: st.DataObject) -> None:
     inst = fmesh.instance(mesh, world[0])
     assert inst.shape == mesh.axis_sizes
     assert any(np.array_equal(inst, every[k]) for k in range(every.shape[0]))
+
+
+# -- rank_at and Layout.group_base -----------------------------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(drawn=derived_specs())
+def test_rank_at_matches_brute_force(drawn: tuple[MeshSpec, tuple[Op, ...]]) -> None:
+    spec, chain = drawn
+    mesh, model = build_chain(spec, chain), model_of(spec, chain)
+    ranks = model.ranks
+    for pos in np.ndindex(ranks.shape):
+        k, *coord = (int(p) for p in pos)
+        assert fmesh.rank_at(mesh, tuple(coord), k) == int(ranks[pos])
+        assert fmesh.rank_at(mesh, np.asarray(coord, dtype=np.int64).tolist(), instance=k) == (
+            int(ranks[pos])
+        )
+
+
+def test_rank_at_of_a_huge_mesh() -> None:
+    mesh = fmesh.slice(fmesh.make_mesh({"pp": 2**20, "dp": 2**20, "tp": 8}), "tp", "pp")
+    # Instances are numbered by base index: the dp coordinate, here 2**20 - 1.
+    assert (
+        fmesh.rank_at(mesh, (5, 3), instance=2**20 - 1) == 5 + 8 * (2**20 - 1) + 3 * 8 * 2**20
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(tiling_layouts())
+def test_group_base_matches_brute_force(drawn: tuple[fmesh.Layout, int]) -> None:
+    layout, size = drawn
+    offsets = layout_values(layout.shape, layout.stride)
+    # Partition [0, size) greedily: the smallest index not yet in a group is a base
+    # (offsets are >= 0 and the offset of coordinate 0 is 0).
+    base_of: dict[int, int] = {}
+    for index in range(size):
+        if index not in base_of:
+            for v in offsets:
+                assert index + v not in base_of
+                base_of[index + v] = index
+    for index in range(size):
+        assert layout.group_base(index) == base_of[index]

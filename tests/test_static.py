@@ -97,7 +97,9 @@ def _private_torch_uses(path: Path) -> list[str]:
             for alias in node.names:
                 torch_names.add(alias.asname or alias.name)
                 if any(private(p) for p in module.split(".")) or private(alias.name):
-                    found.append(f"{path.name}:{node.lineno} from {module} import {alias.name}")
+                    found.append(
+                        f"{path.name}:{node.lineno} from {module} import {alias.name}"
+                    )
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and private(node.attr):
             root: ast.expr = node.value
