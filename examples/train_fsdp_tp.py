@@ -4,10 +4,14 @@ Both meshes come from one fmesh value, composed functionally:
 ``make_mesh({"world": N})`` -> ``unflatten`` into ``dp x tp`` -> ``realize`` ->
 ``to_device_mesh()``, sliced by name for ``fully_shard`` and ``parallelize_module``.
 
-Run (CPU/gloo, or CUDA/NCCL when GPUs are present; no init_process_group needed,
-``realize`` initializes the default group from the torchrun environment):
+Run (no init_process_group needed, ``realize`` initializes the default group from the
+torchrun environment):
 
     torchrun --standalone --nproc-per-node 4 examples/train_fsdp_tp.py
+
+``--device auto`` (the default) uses CUDA/NCCL when every local rank has a GPU of its
+own, else CPU/gloo, so the command works unchanged on a machine with fewer GPUs than
+ranks; ``--device cpu`` or ``--device cuda`` forces one.
 
 The task is fixed and identical on every rank: map each token to a secret
 permutation of the vocabulary. Exits 0 only if the loss fell.
@@ -83,6 +87,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--dp", type=int, default=None, help="default: world // tp")
     parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     args = parser.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tp: int = args.tp
@@ -96,9 +101,14 @@ def main() -> int:
     # Pure and identical on every rank: a value, no process groups yet.
     world_mesh = fmesh.make_mesh({"world": world})
     mesh = fmesh.unflatten(world_mesh, "world", {"dp": dp, "tp": tp})
-    realized = fmesh.realize(mesh)  # also initializes the default group (torchrun env)
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    use_cuda = args.device == "cuda" or (
+        args.device == "auto" and torch.cuda.device_count() >= local_ranks
+    )
+    # realize() initializes the default group from the torchrun environment: NCCL with
+    # this rank's GPU bound, or gloo when asked for.
+    realized = fmesh.realize(mesh, backend=None if use_cuda else "gloo")
     rank = realized.rank
-    use_cuda = torch.cuda.is_available()  # realize() already set the CUDA device
     device = (
         torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     )

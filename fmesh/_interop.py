@@ -21,13 +21,17 @@ mesh and device type.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import itertools
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
 
 from ._errors import MeshError
 from ._launch import check_device_type
-from ._layout import Layout, complement_modes
+from ._layout import Layout, complement_modes, row_major
 from ._memo import WorldKey, state, world_key
 from ._mesh import Mesh
+from ._ops import instances
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -54,17 +58,49 @@ def _rank_map_tensor(mesh: Mesh) -> Any:
     return torch.tensor(mesh.rank_map, dtype=torch.int)
 
 
-def _root_axes(mesh: Mesh) -> tuple[tuple[str, ...], list[tuple[tuple[int, int], ...]]]:
-    """Names and layouts of a made-up root: the mesh's axes plus the rest, by stride."""
+def _sliceable(mesh: Mesh) -> bool:
+    """Whether torch can slice ``mesh``'s dims out of a root in this order: its modes,
+    axis after axis, have decreasing strides (and, before torch 2.13, every axis is
+    one mode)."""
+    from ._c10d import torch_version
+
+    strides = [d for _, d in Layout.concat(mesh.axes).modes]
+    if any(a <= b for a, b in itertools.pairwise(strides)):
+        return False
+    return torch_version() >= (2, 13) or all(len(a.modes) <= 1 for a in mesh.axes)
+
+
+def torch_view(mesh: Mesh) -> Mesh:
+    """The same mesh (same instances, groups, coordinates) as torch should index it.
+
+    A mesh torch could slice out of a root is kept as it is, so the DeviceMesh has the
+    layout and rank map torch itself computes. Any other (a reordered slice, a
+    reversed flatten) is relabeled: the rank map lists the instances one after the
+    other, each in row-major order, so every axis is a plain row-major dimension and
+    torch's own slicing (which DTensor uses inside) accepts it in the mesh's order.
+    """
+    if _sliceable(mesh):
+        return mesh
+    ranks = tuple(int(r) for r in instances(mesh).reshape(-1))
+    return Mesh(mesh.axis_names, row_major(mesh.axis_sizes), mesh.index_size, ranks)
+
+
+def _root_axes(mesh: Mesh) -> Mesh:
+    """A made-up root: the mesh's axes plus one dim per remaining mode, by stride."""
     modes = [m for layout in mesh.axes for m in layout.modes]
-    dims: list[tuple[int, str, tuple[tuple[int, int], ...]]] = [
-        (max((d for _, d in layout.modes), default=0), name, layout.modes)
+    dims: list[tuple[int, str, Layout]] = [
+        (max((d for _, d in layout.modes), default=0), name, layout)
         for name, layout in zip(mesh.axis_names, mesh.axes)
     ]
     rest = complement_modes(modes, mesh.index_size)
-    dims += [(d, f"_rest{i}", ((s, d),)) for i, (s, d) in enumerate(rest)]
+    dims += [(d, f"_rest{i}", Layout.of((s,), (d,))) for i, (s, d) in enumerate(rest)]
     dims.sort(key=lambda dim: -dim[0])
-    return tuple(name for _, name, _ in dims), [m for _, _, m in dims]
+    return Mesh(
+        tuple(name for _, name, _ in dims),
+        tuple(layout for _, _, layout in dims),
+        mesh.index_size,
+        mesh.rank_map,
+    )
 
 
 def _groups(realized: RealizedMesh) -> list[tuple[str, Any]] | None:
@@ -75,50 +111,63 @@ def _groups(realized: RealizedMesh) -> list[tuple[str, Any]] | None:
     ]
 
 
+@final
+@attrs.frozen(slots=True, eq=False)
+class Root:
+    """A root DeviceMesh fmesh made, with the mesh of its dims and its rank map."""
+
+    mesh: Mesh
+    device_mesh: DeviceMesh
+    rank_map: Any
+    """The root's rank-map tensor, shared by every DeviceMesh under it."""
+
+    def has_axes(self, mesh: Mesh) -> bool:
+        mine = set(zip(self.mesh.axis_names, self.mesh.axes))
+        return all(pair in mine for pair in zip(mesh.axis_names, mesh.axes))
+
+
+def _dims(mesh: Mesh) -> list[tuple[tuple[int, int], ...]]:
+    return [a.modes for a in mesh.axes]
+
+
 def to_device_mesh(realized: RealizedMesh, device_type: str | None) -> DeviceMesh:
     """See :meth:`RealizedMesh.to_device_mesh`."""
     from ._c10d import make_device_mesh
 
-    mesh = realized.mesh
     device_type = check_device_type(
         device_type if device_type is not None else _default_device_type(),
         "RealizedMesh.to_device_mesh",
     )
-    key = (mesh, device_type)
+    key = (realized.mesh, device_type)
     with state.lock:
         found: DeviceMesh | None = state.device_meshes.get(key)
     if found is not None:
         return found
-    wk = world_key(mesh)
-    roots_key = (wk, device_type)
-    rank_map = _rank_map_tensor(mesh)
+    view = torch_view(realized.mesh)
+    wk = world_key(view)
     groups = _groups(realized)
     with state.lock:
-        roots: list[tuple[Mesh, DeviceMesh]] = state.roots.setdefault(roots_key, [])
-        own = {(n, a) for n, a in zip(mesh.axis_names, mesh.axes)}
-        root = next((dm for m, dm in roots if own <= set(zip(m.axis_names, m.axes))), None)
-        if root is not None:
-            rank_map = root._rank_map
-    if mesh.num_instances == 1 and root is None:
-        dm = make_device_mesh(
-            device_type, [a.modes for a in mesh.axes], rank_map, mesh.axis_names, groups, None
+        roots = state.roots.setdefault((wk, device_type), [])
+        root = next((r for r in roots if r.has_axes(view)), None)
+    dm: DeviceMesh | None = None
+    if root is None:
+        rank_map = _rank_map_tensor(view)
+        # A mesh with one instance is a root itself, as init_device_mesh's is.
+        top = view if view.num_instances == 1 else _root_axes(view)
+        top_groups = groups if top is view else None
+        root_dm = make_device_mesh(
+            device_type, _dims(top), rank_map, top.axis_names, top_groups, None
         )
-        root_mesh, root = mesh, dm
-    else:
-        if root is None:
-            names, axes = _root_axes(mesh)
-            root = make_device_mesh(device_type, axes, rank_map, names, None, None)
-            root_mesh = Mesh(
-                names, tuple(Layout._from_modes(m) for m in axes), mesh.index_size
-            )
-        else:
-            root_mesh = mesh  # only used when the root is new; this one is known
+        root = Root(top, root_dm, rank_map)
+        if top is view:
+            dm = root_dm
+    if dm is None:
         dm = make_device_mesh(
-            device_type, [a.modes for a in mesh.axes], rank_map, mesh.axis_names, groups, root
+            device_type, _dims(view), root.rank_map, view.axis_names, groups, root.device_mesh
         )
     with state.lock:
-        if all(r is not root for _, r in roots):
-            roots.append((root_mesh, root))
+        if root not in roots:
+            roots.append(root)
         state.device_meshes[key] = dm
     sync_flattens(wk)
     return dm
@@ -131,7 +180,7 @@ def sync_flattens(wk: WorldKey) -> None:
 
     with state.lock:
         names = dict(state.named_axes.get(wk, {}))
-        roots = [dm for (w, _), pairs in state.roots.items() if w == wk for _, dm in pairs]
+        roots = [r.device_mesh for (w, _), rs in state.roots.items() if w == wk for r in rs]
     for root in roots:
         for name, entry in names.items():
             if entry is not None and entry[0].size > 1:

@@ -33,14 +33,30 @@ and MASTER_PORT for every process, e.g.
 
 or call torch.distributed.init_process_group(...) yourself before realize()."""
 
-_DEVICE_HELP = """\
-fmesh.realize() would start NCCL on cuda:{local_rank} (LOCAL_RANK={local_rank}), but this
-process sees {count} CUDA device(s) (cuda:0..cuda:{last}). Either:
 
-  * launch at most {count} process(es) per node (torchrun --nproc-per-node {count}),
-  * or ask for a CPU world: fmesh.realize(mesh, backend="gloo"),
-  * or initialize the default group yourself before realize()
-    (torch.distributed.init_process_group(...))."""
+def _device_help(local_rank: int, count: int) -> str:
+    seen = (
+        "sees no CUDA device"
+        if count == 0
+        else f"sees {count} CUDA device(s) (cuda:0..cuda:{count - 1})"
+    )
+    fixes = [
+        'ask for a CPU world: fmesh.realize(mesh, backend="gloo")',
+        "or initialize the default group yourself before realize() "
+        "(torch.distributed.init_process_group(...))",
+    ]
+    if count:
+        fixes.insert(
+            0,
+            f"launch at most {count} process(es) per node (torchrun --nproc-per-node {count})",
+        )
+        fixes[1] = "or " + fixes[1]
+    return (
+        f"fmesh.realize() would start NCCL on cuda:{local_rank} "
+        f"(LOCAL_RANK={local_rank}), but this process {seen}. Either:\n"
+        + "\n".join(f"  * {fix}," for fix in fixes).rstrip(",")
+        + "."
+    )
 
 
 def check_timeout(timeout: object, fn: str) -> datetime.timedelta | None:
@@ -146,9 +162,7 @@ def ensure_default_group(backend: str | None) -> None:
     else:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if not 0 <= local_rank < count:
-            raise LaunchError(
-                _DEVICE_HELP.format(local_rank=local_rank, count=count, last=count - 1)
-            )
+            raise LaunchError(_device_help(local_rank, count))
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         dist.init_process_group(backend=backend or "cpu:gloo,cuda:nccl", device_id=device)

@@ -76,8 +76,8 @@ class State:
     when the name was realized with two different layouts (ambiguous)."""
     device_meshes: dict[tuple[Mesh, str], Any] = attrs.field(factory=dict)
     """to_device_mesh memo: (mesh, device type) -> DeviceMesh."""
-    roots: dict[tuple[WorldKey, str], list[tuple[Mesh, Any]]] = attrs.field(factory=dict)
-    """Root DeviceMeshes per (rank space, device type), with the mesh of their dims."""
+    roots: dict[tuple[WorldKey, str], list[Any]] = attrs.field(factory=dict)
+    """Root DeviceMeshes (``_interop.Root``) per (rank space, device type)."""
     created: int = 0
     reused: int = 0
     calls: int = 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import multiprocessing.forkserver
 import os
 import pickle
 import time
@@ -39,6 +40,17 @@ def _context() -> multiprocessing.context.ForkServerContext:
     if _ctx is None:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(_PRELOAD)
+        # The server imports torch once for every worker: hide GPUs from it, so no CUDA
+        # state is inherited and CPU/gloo jobs stay on CPU on a GPU machine.
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            if saved is None:
+                del os.environ["CUDA_VISIBLE_DEVICES"]
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = saved
         _ctx = ctx
     return _ctx
 
@@ -149,7 +161,8 @@ def run_spawn(
     something picklable. With ``launch_env`` the workers see the torchrun variables
     for a world of ``world`` ranks; without it those variables are removed, so the
     worker starts with no launcher at all. Ranks still running after ``timeout``
-    seconds are killed and reported as hung.
+    seconds are killed and reported as hung. Workers see no CUDA device, so they
+    run on CPU/gloo on a GPU machine too.
     """
     from torch._C._distributed_c10d import TCPStore
 
@@ -171,6 +184,8 @@ def run_spawn(
         }
         if "GLOO_SOCKET_IFNAME" not in os.environ:
             env["GLOO_SOCKET_IFNAME"] = "lo"
+    # CPU/gloo jobs: on a GPU machine, realize() must not pick NCCL for them.
+    env["CUDA_VISIBLE_DEVICES"] = ""
     tmp_path.mkdir(parents=True, exist_ok=True)
     outs = [str(tmp_path / f"rank{r}.pkl") for r in range(world)]
     procs = []
