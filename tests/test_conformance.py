@@ -1,0 +1,337 @@
+"""The DeviceMesh fmesh hands to torch behaves like one torch built itself.
+
+On 8 gloo ranks, each recipe builds a DeviceMesh twice -- once with torch's own API
+from ``init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))`` and
+once as ``fmesh.realize(...).to_device_mesh("cpu")`` of the same mesh -- and records
+every public answer of both, and of torch's own operations on both (slicing,
+``_flatten``, ``_unflatten``, ``_concatenate``, pickling). The expected values are
+torch's mesh's answers (and fmesh's pure queries, for group order); a rank that hangs
+fails the job. Differences by design are pinned as such (torch sorts the ranks of the
+groups it creates; fmesh keeps coordinate order).
+
+A second job trains a tiny MLP with FSDP2 (1-d, HSDP, ``dp_mesh_dims`` where torch has
+it) and FSDP2 + tensor parallel on torch's mesh and on fmesh's, and compares losses,
+and checks a DCP checkpoint saved on one fmesh mesh loads on another.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _dist import run_spawn
+
+import fmesh
+from fmesh import Mesh
+
+WORLD = 8
+SUBWORLD = (6, 1, 3, 4)
+"""Ranks of a 2x2 mesh over part of the world (the rest are non-participating)."""
+
+Facts = dict[str, Any]
+
+
+def base_mesh() -> Mesh:
+    return fmesh.make_mesh({"pp": 2, "dp": 2, "tp": 2})
+
+
+def _tp_pp() -> Mesh:
+    return fmesh.slice(fmesh.flatten(base_mesh(), ("tp", "pp")), "tp_pp")
+
+
+def fmesh_recipes() -> dict[str, Mesh]:
+    """fmesh's side of each recipe, in the order the job converts them.
+
+    The slices come first, so they hang off made-up roots (``_rest0`` ...); the root
+    mesh and the slices after it reuse the DeviceMesh of an existing root.
+    """
+    return {
+        "sub_dp_tp": fmesh.slice(base_mesh(), "dp", "tp"),
+        "flatten_tp_pp": _tp_pp(),
+        "unflatten": fmesh.unflatten(_tp_pp(), "tp_pp", {"x": 2, "y": 2}),
+        "root": base_mesh(),
+        "reordered": fmesh.slice(base_mesh(), "tp", "dp"),
+        "sub_pp": fmesh.slice(base_mesh(), "pp"),
+        "subworld": fmesh.make_mesh({"dp": 2, "tp": 2}, ranks=SUBWORLD),
+    }
+
+
+# -- worker side --------------------------------------------------------------------------
+
+
+def _try(fn: Callable[[], Any]) -> Any:
+    """``fn()``, or ("raises", exception class name) -- torch's answer may be an error."""
+    try:
+        return fn()
+    except Exception as err:  # compared between torch's mesh and fmesh's
+        return ("raises", type(err).__name__)
+
+
+def _ranks(pg: Any) -> tuple[int, ...]:
+    import torch.distributed as dist
+
+    return tuple(dist.get_process_group_ranks(pg))
+
+
+def _num_groups() -> int:
+    from torch.distributed import distributed_c10d as c10d
+
+    return len(c10d._world.pg_map)
+
+
+def _facts(dm: Any) -> Facts:
+    """Every public answer of ``dm`` on this rank."""
+    import warnings
+
+    n = dm.ndim
+    names = dm.mesh_dim_names
+    facts: Facts = {
+        "coordinate": dm.get_coordinate(),
+        "size": dm.size(),
+        "sizes": tuple(dm.size(i) for i in range(n)),
+        "ndim": n,
+        "shape": tuple(dm.shape),
+        "names": names,
+        "mesh": _try(lambda: dm.mesh.tolist()),
+        "device_type": dm.device_type,
+        "root_size": dm._get_root_mesh().size(),
+        "hash_eq_self": hash(dm) == hash(dm),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        facts["local_ranks"] = _try(lambda: tuple(dm.get_local_rank(i) for i in range(n)))
+        facts["groups"] = _try(lambda: tuple(_ranks(dm.get_group(i)) for i in range(n)))
+        facts["all_groups"] = _try(lambda: tuple(_ranks(g) for g in dm.get_all_groups()))
+        facts["groups_by_name"] = _try(
+            lambda: tuple(_ranks(dm.get_group(name)) for name in names or ())
+        )
+        if n == 1:
+            facts["group_default"] = _try(lambda: _ranks(dm.get_group()))
+            facts["local_rank_default"] = _try(lambda: dm.get_local_rank())
+    return facts
+
+
+def _operations(dm: Any, tag: str) -> Facts:
+    """torch's operations on ``dm`` (each run on every rank, in the same order)."""
+    import warnings
+
+    from torch.distributed.device_mesh import DeviceMesh
+
+    names = tuple(dm.mesh_dim_names)
+    out: Facts = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in names:
+            out[f"getitem {name}"] = _try(lambda name=name: _facts(dm[name]))
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                out[f"getitem {a},{b}"] = _try(lambda a=a, b=b: _facts(dm[a, b]))
+                out[f"getitem {b},{a}"] = _try(lambda a=a, b=b: _facts(dm[b, a]))
+        before = _num_groups()
+        flat = _try(lambda: dm._flatten(f"{tag}_flat"))
+        out["flatten"] = flat if isinstance(flat, tuple) else _facts(flat)
+        out["flatten_new_groups"] = _num_groups() - before
+        if not isinstance(flat, tuple) and dm.ndim > 1:
+            # getitem by the flattened name: torch allows it on the root only.
+            out["getitem flat on root"] = _try(lambda: _facts(dm._get_root_mesh()[f"{tag}_flat"]))
+            out["getitem flat"] = _try(lambda: _facts(dm[f"{tag}_flat"]))
+        size0 = dm.size(0)
+        out["unflatten"] = _try(
+            lambda: _facts(dm._unflatten(0, (2, size0 // 2), (f"{tag}_u", f"{tag}_v")))
+        )
+        if dm.ndim > 1:
+            out["concatenate reversed"] = _try(
+                lambda: _facts(DeviceMesh._concatenate([dm[n] for n in reversed(names)]))
+            )
+        again = pickle.loads(pickle.dumps(dm))
+        out["pickle"] = _facts(again)
+        out["pickle_eq"] = again == dm
+    return out
+
+
+def _torch_recipes(root: Any) -> dict[str, Callable[[], Any]]:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    def tp_pp() -> Any:
+        return DeviceMesh._concatenate([root["tp"], root["pp"]])._flatten("tp_pp")
+
+    return {
+        "sub_dp_tp": lambda: root["dp", "tp"],
+        "flatten_tp_pp": tp_pp,
+        "unflatten": lambda: tp_pp()._unflatten(0, (2, 2), ("x", "y")),
+        "root": lambda: root,
+        "reordered": lambda: DeviceMesh._concatenate([root["tp"], root["dp"]]),
+        "sub_pp": lambda: root["pp"],
+        "subworld": lambda: DeviceMesh(
+            "cpu", torch.tensor(SUBWORLD).reshape(2, 2), mesh_dim_names=("dp", "tp")
+        ),
+    }
+
+
+def conformance_job(rank: int, world: int) -> Facts:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    fmesh.realize(base_mesh())  # initializes the default group
+    torch_root = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
+    torch_recipes = _torch_recipes(torch_root)
+    out: Facts = {"recipes": {}}
+    for name, mesh in fmesh_recipes().items():
+        tdm = torch_recipes[name]()
+        realized = fmesh.realize(mesh)
+        before = _num_groups()
+        fdm = realized.to_device_mesh("cpu")
+        case: Facts = {
+            "convert_new_groups": _num_groups() - before,
+            "memoized": realized.to_device_mesh("cpu") is fdm,
+            "torch": _facts(tdm),
+            "fmesh": _facts(fdm),
+            "equal": tdm == fdm,
+            "torch_ops": _operations(tdm, name),
+            "fmesh_ops": _operations(fdm, name),
+        }
+        out["recipes"][name] = case
+        back = fmesh.from_device_mesh(tdm)
+        case["from_torch"] = {
+            "coordinate": fmesh.coordinate(back, rank),
+            "instance": _try(lambda back=back: fmesh.instance(back, rank).tolist()),
+            "groups": tuple(fmesh.group(back, a, rank) for a in back.axis_names)
+            if fmesh.coordinate(back, rank) is not None
+            else None,
+            "names": back.axis_names,
+        }
+        case["from_fmesh_equal"] = fmesh.from_device_mesh(fdm) == mesh
+    out["from_group"] = _from_group_facts(rank)
+    out["counting"] = _counting(rank)
+    dist.barrier()
+    return out
+
+
+def _from_group_facts(rank: int) -> Facts:
+    """``from_device_mesh`` of meshes torch builds from existing groups."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    out: Facts = {}
+    rows = [[5, 2, 7, 0], [3, 6, 1, 4]]
+    groups = [dist.new_group(row) for row in rows]
+    cols = [[rows[0][i], rows[1][i]] for i in range(4)]
+    col_groups = [dist.new_group(col) for col in cols]
+    mine = next(g for g, row in zip(groups, rows) if rank in row)
+    mine_col = next(g for g, col in zip(col_groups, cols) if rank in col)
+    one = DeviceMesh.from_group(mine, "cpu", mesh_dim_names=("w",))
+    two = DeviceMesh.from_group(
+        [mine_col, mine], "cpu", mesh=torch.tensor(rows), mesh_dim_names=("a", "b")
+    )
+    for name, dm in (("1d", one), ("2d", two)):
+        back = fmesh.from_device_mesh(dm)
+        out[name] = {
+            "torch_mesh": dm.mesh.tolist(),
+            "torch_groups": tuple(_ranks(g) for g in dm.get_all_groups()),
+            "instance": fmesh.instance(back, rank).tolist(),
+            "groups": tuple(fmesh.group(back, a, rank) for a in back.axis_names),
+            "names": back.axis_names,
+        }
+    return out
+
+
+def _counting(rank: int) -> Facts:
+    """torch's ``_flatten`` of axes fmesh has realized reuses fmesh's groups."""
+    import torch.distributed as dist
+
+    out: Facts = {}
+    base = base_mesh()
+    # The reported bug: flatten dp x tp of a slice converted on its own.
+    flat = fmesh.realize(fmesh.flatten(base, ("dp", "tp")))
+    dm = fmesh.realize(fmesh.slice(base, "dp", "tp")).to_device_mesh("cpu")
+    before = _num_groups()
+    got = dm["dp", "tp"]._flatten("dp_tp")
+    out["dp_tp"] = {
+        "new_groups": _num_groups() - before,
+        "is_fmesh_group": got.get_group() is flat.group("dp_tp"),
+        "ranks": _ranks(got.get_group()),
+    }
+    # Non-adjacent and reversed: tp x pp realized by fmesh, flattened by torch.
+    rev = fmesh.realize(fmesh.flatten(base, ("tp", "pp")))
+    dm = fmesh.realize(base).to_device_mesh("cpu")
+    from torch.distributed.device_mesh import DeviceMesh
+
+    before = _num_groups()
+    got = DeviceMesh._concatenate([dm["tp"], dm["pp"]])._flatten("tp_pp")
+    out["tp_pp"] = {
+        "new_groups": _num_groups() - before,
+        "is_fmesh_group": got.get_group() is rev.group("tp_pp"),
+        "ranks": _ranks(got.get_group()),
+        "local_rank": got.get_local_rank(),
+        "coordinate": got.get_coordinate(),
+    }
+    # The same flatten on a sub-world mesh, where some ranks are not members.
+    sub = fmesh.make_mesh({"dp": 2, "tp": 2}, ranks=SUBWORLD)
+    fmesh.realize(fmesh.flatten(sub, ("dp", "tp")))
+    dm = fmesh.realize(sub).to_device_mesh("cpu")
+    before = _num_groups()
+    got = dm._flatten("dp_tp")
+    out["subworld"] = {
+        "new_groups": _num_groups() - before,
+        "coordinate": got.get_coordinate(),
+    }
+    # Every rank still agrees on group creation afterwards.
+    check = dist.new_group(list(range(dist.get_world_size())))
+    total = __import__("torch").ones(1)
+    dist.all_reduce(total, group=check)
+    out["agree_after"] = float(total.item())
+    return out
+
+
+# -- parent side ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def conformance(tmp_path_factory: pytest.TempPathFactory) -> list[Facts]:
+    job = run_spawn(
+        conformance_job, WORLD, tmp_path=tmp_path_factory.mktemp("conformance"), timeout=150
+    )
+    return job.values()
+
+
+_ORDERED = ("groups", "all_groups", "groups_by_name")
+
+
+def normalized(facts: Any) -> Any:
+    """Facts with group ranks as sets (torch sorts them, fmesh keeps coordinate order)
+    and without the local ranks (the position in those groups); recursively."""
+    if not isinstance(facts, dict):
+        return facts
+    out = {}
+    for key, value in facts.items():
+        if key in ("local_ranks", "local_rank_default"):
+            continue
+        if key in _ORDERED and not (isinstance(value, tuple) and value[:1] == ("raises",)):
+            value = tuple(tuple(sorted(g)) for g in value)
+        elif key == "group_default" and value[:1] != ("raises",):
+            value = tuple(sorted(value))
+        out[key] = normalized(value)
+    return out
+
+
+def _diff(a: Any, b: Any, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            out += _diff(a.get(k, "<missing>"), b.get(k, "<missing>"), f"{path}/{k}")
+        return out
+    return [] if a == b else [f"{path}: torch {a!r} fmesh {b!r}"]
+
+
+def test_explore(conformance: list[Facts]) -> None:
+    import pprint
+    for rank, out in enumerate(conformance):
+        print(rank, out["counting"])
+        for name, case in out["recipes"].items():
+            print(rank, name, case["from_torch"], case["from_fmesh_equal"], case["torch"]["mesh"], case["torch"]["groups"])
+    raise AssertionError
