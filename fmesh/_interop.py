@@ -14,7 +14,9 @@ hands over has such a root too:
 
 Every dimension's group is fmesh's memoized group. Axes fmesh realized over the same
 rank space (say the flattened ``dp_cp``) are registered in each root's flatten
-mapping, where torch's ``_flatten`` looks before it creates groups. Building a
+mapping, where torch's ``_flatten`` looks before it creates groups -- in rank spaces
+that cover the whole world (over part of it, the ranks outside a mesh do not know its
+axes, so they could not skip the creations members skip). Building a
 DeviceMesh costs O(world) once (torch keeps an O(world) rank map); it is memoized per
 mesh and device type.
 """
@@ -142,6 +144,8 @@ def to_device_mesh(realized: RealizedMesh, device_type: str | None) -> DeviceMes
     with state.lock:
         found: DeviceMesh | None = state.device_meshes.get(key)
     if found is not None:
+        # Axes realized since the last conversion join the flatten mappings.
+        sync_flattens(world_key(mesh))
         return found
     view = torch_view(realized.mesh)
     wk = world_key(view)
@@ -176,8 +180,15 @@ def to_device_mesh(realized: RealizedMesh, device_type: str | None) -> DeviceMes
 def sync_flattens(wk: WorldKey) -> None:
     """Register every axis realized over rank space ``wk`` in each root's flatten
     mapping, so torch's ``_flatten`` of the same layout reuses fmesh's group."""
+    import torch.distributed as dist
+
     from ._c10d import add_flatten
 
+    if wk[0] != dist.get_world_size():
+        # Over part of the world, ranks outside a mesh hold no entry for its axes, so
+        # they would create groups that members skip: torch's group count, hence the
+        # names of every later group, would diverge. Let torch create them.
+        return
     with state.lock:
         names = dict(state.named_axes.get(wk, {}))
         roots = [r.device_mesh for (w, _), rs in state.roots.items() if w == wk for r in rs]
