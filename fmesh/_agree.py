@@ -21,6 +21,8 @@ practice the default group's store)::
         Forget every stream and pending call (``fmesh.destroy``): a new generation.
     count_keys(store) -> int
         How many keys of this protocol the store holds (for tests).
+    new_connection(store) -> Store
+        A clone of the store with its own socket (give one to each group creation).
 
 Calls are matched across ranks per *stream*, by default the calling thread's name:
 the k-th call of the thread named T on one rank meets the k-th call of the thread
@@ -88,6 +90,7 @@ __all__ = [
     "confirm_pending",
     "count_keys",
     "failures",
+    "new_connection",
     "next_call",
     "reset",
 ]
@@ -201,13 +204,25 @@ def _conn(store: Store) -> Store:
     # The entry keeps ``store`` alive, so its id cannot be reused while cached.
     if entry is not None and entry[0] is store and entry[2] == generation:
         return entry[1]
-    try:
-        clone = cast("_Untyped", store).clone()
-    except (RuntimeError, NotImplementedError):  # a store that cannot clone itself
-        clone = store
+    clone = new_connection(store)
     conns.clear()
     conns[id(store)] = (store, clone, generation)
     return clone
+
+
+def new_connection(store: Store) -> Store:
+    """A new client of the same store, with its own socket (the store itself if it
+    cannot clone).
+
+    Give one to each process group creation: torch's gloo rendezvous waits in the
+    store, and a wait on a shared TCPStore client blocks every other thread's use of
+    that client, so two threads creating groups in different orders on different
+    ranks deadlock until the store timeout.
+    """
+    try:
+        return cast("_Untyped", store).clone()
+    except (RuntimeError, NotImplementedError):
+        return store
 
 
 def _store_error(ticket: Ticket, err: Exception) -> MeshMismatchError:
