@@ -1,0 +1,266 @@
+"""Failure semantics of ``fmesh.realize`` end to end: ranks that disagree, stall, die or
+race never hang (4 gloo ranks launched torchrun-style).
+
+Each job first realizes a whole-world mesh on every rank (which initializes the default
+group), meets at a barrier on the launcher's store, and then plays one scenario. What
+each rank saw comes back to the parent: whether ``realize`` raised, the message, and
+when (wall-clock, comparable across ranks on one machine). Expected facts come from
+the scenario itself and from fmesh's pure queries (``fmesh.group``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import pytest
+from _dist import Job, run_spawn
+
+import fmesh
+
+if TYPE_CHECKING:
+    from fmesh._c10d_agree import Store
+
+WORLD = 4
+JOB_TIMEOUT = 45.0
+"""Seconds before a job's ranks are killed and reported hung (a hang is a failure)."""
+SURFACE = 10.0
+"""Seconds within which every rank must raise once the first one did."""
+
+
+def mesh_a() -> fmesh.Mesh:
+    return fmesh.make_mesh({"dp": 2, "tp": 2})
+
+
+def mesh_b() -> fmesh.Mesh:
+    """Different from A, and none of its groups is one of A's (ranks reversed)."""
+    return fmesh.make_mesh({"x": 2, "y": 2}, ranks=(3, 2, 1, 0))
+
+
+# -- worker side --------------------------------------------------------------------------
+
+
+def _start(rank: int) -> Store:
+    """Initialize the world through realize, then meet every rank on the launcher's
+    store (a barrier that does not go through fmesh)."""
+    import torch.distributed as dist
+
+    fmesh.realize(fmesh.make_mesh({"w": WORLD}))
+    tcp: Any = dist.TCPStore  # type: ignore[attr-defined]  # implicit re-export
+    store = cast(
+        "Store",
+        tcp(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 1, is_master=False),
+    )
+    _barrier(store, "start", range(WORLD), rank)
+    return store
+
+
+def _barrier(store: Store, name: str, ranks: range | tuple[int, ...], me: int) -> None:
+    store.set(f"faults/{name}/{me}", "1")
+    store.wait([f"faults/{name}/{r}" for r in ranks], datetime.timedelta(seconds=60))
+
+
+def _attempt(fn: Any) -> dict[str, Any]:
+    """Run ``fn``; report whether it raised MeshMismatchError, its message and when."""
+    start = time.monotonic()
+    try:
+        fn()
+    except fmesh.MeshMismatchError as err:
+        return {
+            "error": True,
+            "message": str(err),
+            "elapsed": time.monotonic() - start,
+            "at": time.time(),
+        }
+    return {"error": False, "elapsed": time.monotonic() - start, "at": time.time()}
+
+
+def mismatch_job(rank: int, world: int) -> dict[str, Any]:
+    """Rank 3 realizes B while the others realize A, at default timeouts."""
+    _start(rank)
+    mesh = mesh_b() if rank == 3 else mesh_a()
+    return _attempt(lambda: fmesh.realize(mesh))
+
+
+def memo_job(rank: int, world: int, memo_first: bool) -> dict[str, Any]:
+    """All realize A; then rank 0 realizes A again (memoized) while 1-3 realize B."""
+    store = _start(rank)
+    fmesh.realize(mesh_a())
+    _barrier(store, "a", range(world), rank)
+    if (rank == 0) != memo_first:
+        time.sleep(1.0)  # the other side reaches the call first
+    out: dict[str, Any] = {}
+    if rank == 0:
+        out["memo"] = _attempt(lambda: fmesh.realize(mesh_a()))
+        if not out["memo"]["error"]:
+            # Let the others finish their call, then make the next one.
+            _barrier(store, "b", range(world), rank)
+            out["next"] = _attempt(lambda: fmesh.realize(mesh_a()))
+            return out
+    else:
+        out["b"] = _attempt(lambda: fmesh.realize(mesh_b()))
+    _barrier(store, "b", range(world), rank)
+    return out
+
+
+def busy_job(rank: int, world: int) -> dict[str, Any]:
+    """Every rank realizes A in a thread named "realizer"; ranks 1-3 come 3 s late, and
+    meanwhile rank 0's main thread asks for cache_stats() again and again."""
+    _start(rank)
+    result: dict[str, Any] = {}
+
+    def realize_a() -> None:
+        result.update(_attempt(lambda: fmesh.realize(mesh_a())))
+
+    thread = threading.Thread(target=realize_a, name="realizer")
+    out: dict[str, Any] = {}
+    if rank == 0:
+        thread.start()
+        time.sleep(0.3)
+        latencies = []
+        alive = []
+        for _ in range(15):
+            start = time.monotonic()
+            fmesh.cache_stats()
+            latencies.append(time.monotonic() - start)
+            alive.append(thread.is_alive())
+            time.sleep(0.1)
+        out["latencies"] = latencies
+        out["realize_was_waiting"] = all(alive)
+    else:
+        time.sleep(3.0)
+        thread.start()
+    thread.join(JOB_TIMEOUT)
+    out["realize"] = result
+    return out
+
+
+def _group_sums(realized: fmesh.RealizedMesh) -> dict[str, tuple[int, int]]:
+    """Per axis: (all_reduce of 2**rank over the group, the sum fmesh.group predicts)."""
+    import torch
+    import torch.distributed as dist
+
+    out = {}
+    for axis in realized.mesh.axis_names:
+        bits = torch.tensor([1 << realized.rank], dtype=torch.int64)
+        dist.all_reduce(bits, group=realized.group(axis))
+        expected = sum(1 << r for r in fmesh.group(realized.mesh, axis, realized.rank))
+        out[axis] = (int(bits.item()), expected)
+    return out
+
+
+def threads_job(rank: int, world: int) -> dict[str, Any]:
+    """Threads "ta" (mesh A) and "tb" (mesh B) on every rank, started in opposite
+    orders on even and odd ranks."""
+    _start(rank)
+    results: dict[str, Any] = {}
+
+    def run(name: str, mesh: fmesh.Mesh) -> None:
+        try:
+            realized = fmesh.realize(mesh, timeout=datetime.timedelta(seconds=30))
+            results[name] = _group_sums(realized)
+        except Exception as err:
+            results[name] = f"{type(err).__name__}: {err}"
+
+    threads = {
+        "ta": threading.Thread(target=run, args=("ta", mesh_a()), name="ta"),
+        "tb": threading.Thread(target=run, args=("tb", mesh_b()), name="tb"),
+    }
+    first, second = ("ta", "tb") if rank % 2 == 0 else ("tb", "ta")
+    threads[first].start()
+    time.sleep(0.5)  # the first thread waits for its peers' first thread by now
+    threads[second].start()
+    for t in threads.values():
+        t.join(JOB_TIMEOUT)
+    return results
+
+
+def death_job(rank: int, world: int, dead: int, timeout_s: float) -> dict[str, Any]:
+    """Rank ``dead`` exits while the others realize A."""
+    _start(rank)
+    if rank == dead:
+        time.sleep(0.5)
+        os._exit(3)
+    return _attempt(
+        lambda: fmesh.realize(mesh_a(), timeout=datetime.timedelta(seconds=timeout_s))
+    )
+
+
+# -- parent side ----------------------------------------------------------------------------
+
+
+def _values(job: Job) -> list[dict[str, Any]]:
+    return cast("list[dict[str, Any]]", job.values())
+
+
+def _names_both(message: str) -> bool:
+    return repr(mesh_a()) in message and repr(mesh_b()) in message
+
+
+def test_one_rank_different_all_raise_fast_at_default_timeouts(tmp_path: Path) -> None:
+    outs = _values(run_spawn(mismatch_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT))
+    assert all(out["error"] for out in outs), outs
+    first = min(out["at"] for out in outs)
+    for out in outs:
+        assert out["at"] - first < SURFACE, outs
+        message = out["message"]
+        assert _names_both(message), message
+        assert "rank 3" in message, message
+        assert "never reached" not in message, message
+
+
+@pytest.mark.parametrize("memo_first", [True, False], ids=["memo-first", "memo-later"])
+def test_memoized_call_does_not_pass_silently(tmp_path: Path, memo_first: bool) -> None:
+    outs = _values(
+        run_spawn(memo_job, WORLD, memo_first, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+    )
+    zero = outs[0]
+    # Rank 0 raises at its memoized call or, at the latest, at its next realize call.
+    raised = zero["memo"] if zero["memo"]["error"] else zero["next"]
+    assert raised["error"], zero
+    if not memo_first:
+        assert zero["memo"]["error"], zero  # the others published first: seen at once
+    assert _names_both(raised["message"]) and "rank 0" in raised["message"], raised
+    assert "never reached" not in raised["message"], raised
+    for rank in (1, 2, 3):
+        b = outs[rank]["b"]
+        assert b["error"], outs[rank]
+        assert b["elapsed"] < SURFACE + 1.0, b
+        assert _names_both(b["message"]) and "rank 0" in b["message"], b
+        assert "never reached" not in b["message"], b
+
+
+def test_cache_stats_stays_responsive_while_realize_waits(tmp_path: Path) -> None:
+    outs = _values(run_spawn(busy_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT))
+    zero = outs[0]
+    assert zero["realize_was_waiting"], zero
+    assert max(zero["latencies"]) < 1.0, zero
+    for out in outs:
+        assert out["realize"]["error"] is False, out
+
+
+def test_two_threads_two_meshes_succeed(tmp_path: Path) -> None:
+    outs = _values(run_spawn(threads_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT))
+    for out in outs:
+        for name in ("ta", "tb"):
+            sums = out[name]
+            assert isinstance(sums, dict), out
+            assert all(got == want for got, want in sums.values()), sums
+
+
+def test_peer_that_exits_is_named(tmp_path: Path) -> None:
+    dead, timeout_s = 2, 5.0
+    job = run_spawn(death_job, WORLD, dead, timeout_s, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+    assert job.outcomes[dead].exitcode == 3, job.describe()
+    for rank in (0, 1, 3):
+        report = job.outcomes[rank]
+        assert report.ok, job.describe()
+        out = report.value
+        assert out["error"], out
+        assert out["elapsed"] < timeout_s + 20.0, out
+        assert re.search(rf"ranks \[{dead}\] never reached realize call #\d+", out["message"])
