@@ -80,7 +80,7 @@ import attrs
 from ._errors import MeshMismatchError
 
 if TYPE_CHECKING:
-    from ._c10d_agree import Store
+    from ._c10d import Store
 
 __all__ = [
     "KEY_ROOT",

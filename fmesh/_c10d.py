@@ -108,13 +108,14 @@ def new_named_group(
     timeout: datetime.timedelta,
     name: str,
     desc: str,
+    store: Store | None,
 ) -> ProcessGroup | None:
     """Create one group, ranks in the order given (never sorted), under our name.
 
     torch's own local-synchronization names hash the number of groups a process
     already holds, which differs between ranks of different meshes and would split the
     rendezvous; so fmesh names groups itself through torch's group constructor.
-    Non-members get ``None``.
+    Non-members get ``None``. ``store`` defaults to the default group's store.
     """
     from torch.distributed import Backend, group
     from torch.distributed import distributed_c10d as c10d
@@ -126,7 +127,7 @@ def new_named_group(
         ranks.index(me) if me in ranks else -1,
         list(ranks),
         Backend(backend),
-        c10d._get_default_store(),
+        store if store is not None else c10d._get_default_store(),
         group_name=c10d.GroupName(name),
         backend_options=options,
         timeout=timeout,

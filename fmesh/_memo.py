@@ -80,8 +80,6 @@ class State:
     """Root DeviceMeshes (``_interop.Root``) per (rank space, device type)."""
     created: int = 0
     reused: int = 0
-    calls: int = 0
-    """Realize calls made in this generation (numbers the cross-rank agreement)."""
 
     def reset(self) -> None:
         self.axis_memo.clear()
@@ -91,8 +89,10 @@ class State:
         self.named_axes.clear()
         self.device_meshes.clear()
         self.roots.clear()
-        self.calls = 0
         self.generation += 1
+        from . import _agree
+
+        _agree.reset()
 
     def options_ordinal(self, options: object) -> int:
         """A rank-independent id for an options object: its order of first use."""

@@ -18,8 +18,9 @@ How groups are made, per axis of the mesh, for the calling rank only:
 * Size-1 axes get a one-member gloo (or fake) group, no NCCL communicator, unless a
   per-axis backend names one explicitly.
 * Before creating anything, every rank of the world agrees on what it realizes
-  (``_check.py``), so a mismatched mesh fails fast with a
-  :class:`~fmesh.MeshMismatchError` instead of hanging.
+  (``_agree.py``: O(1) store round trips per rank), so a mismatched mesh fails fast on
+  every rank with a :class:`~fmesh.MeshMismatchError` instead of hanging. Calls are
+  matched per thread name; a call that creates nothing publishes without waiting.
 
 Nothing here holds the process lock while waiting on peers.
 """
@@ -36,8 +37,8 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
-from ._check import CallRecord, compare_with_neighbours, diagnose
-from ._errors import MeshError
+from . import _agree
+from ._errors import MeshError, MeshMismatchError
 from ._launch import check_backend, check_timeout, ensure_default_group
 from ._layout import Layout
 from ._memo import digest, rank_map_key, state, world_key
@@ -57,8 +58,6 @@ logger = logging.getLogger("fmesh")
 
 DEFAULT_CHECK_TIMEOUT = datetime.timedelta(minutes=5)
 
-_call_lock = threading.RLock()
-"""Orders realize calls of this process (call numbers must match across ranks)."""
 _init_lock = threading.Lock()
 """Serializes the first initialization of the default group (which waits on peers,
 so it is not the memo lock)."""
@@ -166,17 +165,6 @@ def realize(
             check_backend(b, "realize(backend=...)")
     options_in = _per_axis(options, mesh, "options")
 
-    with _call_lock:
-        return _realize(mesh, backend, backends_in, options_in, timeout)
-
-
-def _realize(
-    mesh: Mesh,
-    backend: object,
-    backends_in: tuple[tuple[object, bool], ...],
-    options_in: tuple[tuple[object, bool], ...],
-    timeout: datetime.timedelta | None,
-) -> RealizedMesh:
     import torch.distributed as dist
 
     start = time.perf_counter()
@@ -218,36 +206,34 @@ def _realize(
             )
         )
         cached = all(r.key in state.axis_memo for r in requests)
-        call = state.calls
-        state.calls += 1
-        generation = state.generation
 
-    record = CallRecord(
-        prefix=f"fmesh/{generation}/realize/{call}/",
-        call=call,
-        digest=digest(
-            mesh.axis_names,
-            tuple(layout.modes for layout in mesh.axes),
-            mesh.index_size,
-            rank_map_key(mesh),
-            tuple(r.backend for r in requests),
-            tuple(r.options_id for r in requests),
-        ),
-        summary=f"{mesh!r} with backends {dict((r.name, r.backend) for r in requests)}",
-    )
-    # The agreement guards group creation; a fully memoized mesh creates nothing
-    # (and every rank that realized the same calls knows it), so skip the trip.
-    if not world.fake and world.size > 1 and not cached:
+    ticket: _agree.Ticket | None = None
+    if not world.fake and world.size > 1:
         from ._c10d import default_store
 
-        compare_with_neighbours(
-            default_store(), record, mesh, me, timeout or DEFAULT_CHECK_TIMEOUT
+        # Every rank of the world, every call (no lock held while waiting). A call
+        # that creates nothing publishes without waiting for the others.
+        ticket = _agree.agree(
+            default_store(),
+            rank=me,
+            world=world.size,
+            digest=digest(
+                mesh.axis_names,
+                tuple(layout.modes for layout in mesh.axes),
+                mesh.index_size,
+                rank_map_key(mesh),
+                tuple(r.backend for r in requests),
+                tuple(r.options_id for r in requests),
+            ),
+            summary=f"{mesh!r} with backends {dict((r.name, r.backend) for r in requests)}",
+            timeout=timeout or DEFAULT_CHECK_TIMEOUT,
+            blocking=not cached,
         )
 
     groups: dict[str, ProcessGroup] = {}
     created = 0
     for request in requests:
-        pg, made = _axis_group(request, world, timeout, record)
+        pg, made = _axis_group(request, world, timeout, ticket)
         created += made
         if pg is not None:
             groups[request.name] = pg
@@ -290,7 +276,7 @@ def _axis_group(
     request: _AxisRequest,
     world: _World,
     timeout: datetime.timedelta | None,
-    record: CallRecord,
+    ticket: _agree.Ticket | None,
 ) -> tuple[ProcessGroup | None, int]:
     """This rank's group along one axis, from the memo or newly created."""
 
@@ -303,7 +289,7 @@ def _axis_group(
     return state.once(
         ("axis", request.key),
         lookup,
-        lambda: _create(request, world, timeout, record),
+        lambda: _create(request, world, timeout, ticket),
         lambda value: _store(request, value),
     )
 
@@ -331,7 +317,7 @@ def _create(
     request: _AxisRequest,
     world: _World,
     timeout: datetime.timedelta | None,
-    record: CallRecord,
+    ticket: _agree.Ticket | None,
 ) -> tuple[ProcessGroup | None, int]:
     """Make (or find) the group; returns (group, 1 if created else 0)."""
     from ._c10d import default_timeout
@@ -365,7 +351,9 @@ def _create(
     if world_collective:
         pg = _split(request, world, backend, options, options_id, timeout, wait, desc)
     elif members is not None:
-        pg = _new_group(members, world.rank, backend, options, options_id, wait, desc, record)
+        pg = _new_group(
+            request.name, members, world.rank, backend, options, options_id, wait, desc, ticket
+        )
     else:
         pg = None
     if pg is None or members is None:
@@ -387,6 +375,7 @@ def _group_name(ranks: tuple[int, ...], backend: str, options_id: int) -> str:
 
 
 def _new_group(
+    axis: str,
     ranks: tuple[int, ...],
     me: int,
     backend: str,
@@ -394,23 +383,42 @@ def _new_group(
     options_id: int,
     timeout: datetime.timedelta,
     desc: str,
-    record: CallRecord,
+    ticket: _agree.Ticket | None,
 ) -> ProcessGroup | None:
     """Create one group with ranks in coordinate order, explaining failures."""
     from ._c10d import default_store, new_named_group
 
     name = _group_name(ranks, backend, options_id)
+    store = default_store()
+    if ticket is not None:
+        # Its own connection: the rendezvous waits in the store, and a store client
+        # serializes its operations, so threads sharing one would wait on each other.
+        store = _agree.new_connection(store)
     try:
-        return new_named_group(ranks, me, backend, options, timeout, name, desc)
+        return new_named_group(ranks, me, backend, options, timeout, name, desc, store)
     except Exception as err:  # a peer that never joins shows up as a store timeout
-        store = default_store()
-        grace = min(timeout.total_seconds(), 30.0)
-        diagnosis = diagnose(store, record, ranks, me, err, grace)
-        if diagnosis is err:
+        if ticket is None:
             raise
-        # Ranks waiting on this one in later groups learn why it never came.
-        store.set(f"{record.prefix}failed/{me}", str(diagnosis))
-        raise diagnosis from err
+        _agree.abort(ticket, f"it could not create the group {list(ranks)}: {err}")
+        gave_up = {
+            r: why
+            for r, why in _agree.failures(
+                ticket, wait=min(timeout.total_seconds(), 5.0)
+            ).items()
+            if r != me and r in ranks
+        }
+        others = [r for r in ranks if r != me]
+        why = (
+            "; ".join(f"rank {r} gave up: {m}" for r, m in sorted(gave_up.items()))
+            if gave_up
+            else f"no other member reported a failure, so one of ranks {others} died or "
+            "is stuck"
+        )
+        raise MeshMismatchError(
+            f"creating the group {list(ranks)} of axis {axis!r} failed on rank {me} after "
+            f"every rank agreed on {ticket.where} ({ticket.summary}): {why} "
+            f"(torch said: {err})"
+        ) from err
 
 
 def _split(
@@ -443,4 +451,4 @@ def _split(
     # split_group sorts ranks; keep coordinate order with torch's own split-from-world
     # constructor, which every rank of the world enters once.
     name = _group_name(some, backend, options_id)
-    return new_named_group(some, world.rank, backend, options, wait, name, desc)
+    return new_named_group(some, world.rank, backend, options, wait, name, desc, None)

@@ -25,7 +25,7 @@ from _dist import Job, run_spawn
 from fmesh import MeshMismatchError, _agree
 
 if TYPE_CHECKING:
-    from fmesh._c10d_agree import Store
+    from fmesh._c10d import Store
 
 LONG = datetime.timedelta(seconds=60)
 """A timeout no healthy scenario gets near: failures must surface long before it."""

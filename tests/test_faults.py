@@ -24,7 +24,7 @@ from _dist import Job, run_spawn
 import fmesh
 
 if TYPE_CHECKING:
-    from fmesh._c10d_agree import Store
+    from fmesh._c10d import Store
 
 WORLD = 4
 JOB_TIMEOUT = 45.0

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import fmesh
-from fmesh import _c10d, _check, _memo, _realize
+from fmesh import _c10d, _memo, _realize
 
 Call = tuple[str, tuple[int, ...], str]
 
@@ -43,7 +43,6 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Call]]:
 
 ME = 5
 WORLD_PG: Any = object()  # stands for the default group; only compared by identity
-RECORD = _check.CallRecord(prefix="test/", call=0, digest="", summary="")
 
 
 def _run(
@@ -69,7 +68,7 @@ def _run(
     world = _realize._World(
         pg=WORLD_PG, size=8, rank=me, backend="cpu:gloo,cuda:nccl", fake=False, eager=True
     )
-    pg, _ = _realize._axis_group(request, world, None, RECORD)
+    pg, _ = _realize._axis_group(request, world, None, None)
     return pg
 
 

@@ -25,6 +25,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+import torch.distributed._mesh_layout as torch_mesh_layout
 from bruteforce import Model
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -39,7 +40,6 @@ from strategies import (
     ops,
     tiling_layouts,
 )
-import torch.distributed._mesh_layout as torch_mesh_layout
 
 if not hasattr(torch_mesh_layout, "_FlatLayout"):
     pytest.skip(
@@ -47,7 +47,7 @@ if not hasattr(torch_mesh_layout, "_FlatLayout"):
         "fmesh's own algebra is checked by test_layout.py on every torch",
         allow_module_level=True,
     )
-from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout  # noqa: E402
+from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
 
 import fmesh
 from fmesh import UnrepresentableSplitError
