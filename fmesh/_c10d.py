@@ -149,7 +149,11 @@ def split_from_world(
     timeout: datetime.timedelta | None,
     desc: str,
 ) -> ProcessGroup | None:
-    """``split_group`` of the eagerly initialized world (sorts ranks; collective)."""
+    """``split_group`` of the eagerly initialized world (sorts ranks; collective).
+
+    torch 2.11's ``split_group`` takes no ``backend``: the new group splits the world's
+    NCCL communicator and keeps the world's backends.
+    """
     import torch.distributed as dist
 
     kwargs: dict[str, Any] = {}
@@ -186,17 +190,28 @@ def init_fake_world(rank: int, world: int) -> None:
 
 
 def _torch_layout(axes: Sequence[Modes]) -> Any:
-    """torch's mesh layout for one dimension per entry of ``axes``."""
+    """torch's mesh layout for one dimension per entry of ``axes``.
+
+    A size-1 axis (no modes) becomes a ``(1):(d)`` dimension with the stride a
+    row-major root gives it (the span of the dimensions after it), as torch's
+    ``init_device_mesh`` does; torch 2.11 refuses to slice a dimension with no stride.
+    """
+    dims: list[Modes] = []
+    for i, modes in enumerate(axes):
+        if not modes:
+            after = [s * d for later in axes[i + 1 :] for s, d in later]
+            modes = ((1, max(after, default=1)),)
+        dims.append(modes)
     if torch_version() >= (2, 13):
         from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
 
         return _MeshLayout(
-            [_FlatLayout(tuple(s for s, _ in m), tuple(d for _, d in m)) for m in axes]
+            [_FlatLayout(tuple(s for s, _ in m), tuple(d for _, d in m)) for m in dims]
         )
     from torch.distributed._mesh_layout import _MeshLayout as _OldLayout
 
-    shape = tuple(m[0][0] if len(m) == 1 else tuple(s for s, _ in m) for m in axes)
-    stride = tuple(m[0][1] if len(m) == 1 else tuple(d for _, d in m) for m in axes)
+    shape = tuple(m[0][0] if len(m) == 1 else tuple(s for s, _ in m) for m in dims)
+    stride = tuple(m[0][1] if len(m) == 1 else tuple(d for _, d in m) for m in dims)
     return cast(Any, _OldLayout)(shape, stride)
 
 

@@ -389,11 +389,9 @@ def _new_group(
     from ._c10d import default_store, new_named_group
 
     name = _group_name(ranks, backend, options_id)
-    store = default_store()
-    if ticket is not None:
-        # Its own connection: the rendezvous waits in the store, and a store client
-        # serializes its operations, so threads sharing one would wait on each other.
-        store = _agree.new_connection(store)
+    # Its own store connection: the rendezvous waits in the store, and a store client
+    # serializes its operations, so threads sharing one would wait on each other.
+    store = None if ticket is None else _agree.new_connection(default_store())
     try:
         return new_named_group(ranks, me, backend, options, timeout, name, desc, store)
     except Exception as err:  # a peer that never joins shows up as a store timeout
@@ -436,17 +434,12 @@ def _split(
     Every rank of the world calls this once per axis (non-members pass a group they
     are not in, which makes them take part in the split without joining).
     """
-    from ._c10d import new_named_group, split_from_world, torch_version
+    from ._c10d import new_named_group, split_from_world
 
     mesh = request.mesh
     some = request.members or group(mesh, request.name, rank_of(mesh, 0))
     increasing = mesh.rank_map is None or rank_map_info(mesh.rank_map).is_increasing
-    same_backend = backend == world.backend
-    if (
-        request.layout.is_ascending
-        and increasing
-        and (same_backend or torch_version() >= (2, 13))
-    ):
+    if request.layout.is_ascending and increasing:
         return split_from_world(some, backend, options, timeout, desc)
     # split_group sorts ranks; keep coordinate order with torch's own split-from-world
     # constructor, which every rank of the world enters once.

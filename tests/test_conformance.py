@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -208,7 +209,12 @@ def conformance_job(rank: int, world: int) -> Facts:
             else None,
             "names": back.axis_names,
         }
-        case["from_fmesh_equal"] = fmesh.from_device_mesh(fdm) == mesh
+        back_f = fmesh.from_device_mesh(fdm)
+        case["from_fmesh_equal"] = back_f == mesh
+        # The same function (ranks, groups in order), whatever the representation.
+        case["from_fmesh_same"] = fmesh.same_ranks(back_f, mesh) and all(
+            fmesh.same_groups(back_f, a, mesh, a) for a in mesh.axis_names
+        )
     out["from_group"] = _from_group_facts(rank)
     out["counting"] = _counting(rank)
     dist.barrier()
@@ -338,12 +344,32 @@ MADE_UP_ROOT = "sub_dp_tp"
 (``_rest0``, dp, tp) and has no groups of its own."""
 
 
+RELABELED = ("reordered", "flatten_tp_pp", "unflatten")
+"""Meshes torch can only hold with dims out of stride order (it builds them with
+``_concatenate``), so it refuses to slice them in their own order -- and DTensor, which
+slices meshes internally, fails on them. fmesh's DeviceMesh for these lists the ranks
+instance by instance, each in the mesh's row-major order (same groups, coordinates
+and ``mesh`` on every rank), so its dims slice in the mesh's order instead."""
+
+
 @pytest.mark.parametrize("name", RECIPES)
 def test_every_answer_and_operation_matches_torch(conformance: list[Facts], name: str) -> None:
     for rank, out in enumerate(conformance):
         case = out["recipes"][name]
         torch_ops = normalized(case["torch_ops"])
         fmesh_ops = normalized(case["fmesh_ops"])
+        names = case["fmesh"]["names"]
+        if name in RELABELED:
+            # Differs by design: the stride order torch slices in is not the mesh's.
+            if len(names) == 2:
+                key = f"getitem {names[1]},{names[0]}"
+                assert fmesh_ops.pop(key) == ("raises", "KeyError")
+                assert torch_ops.pop(key)["mesh"] is not None
+            assert torch_ops.pop("getitem flat on root", None) in (
+                None,
+                ("raises", "KeyError"),
+            )
+            fmesh_ops.pop("getitem flat on root", None)
         if name == MADE_UP_ROOT:
             # Differs by design: slicing a flattened name from the made-up root gives a
             # mesh without groups (torch's deprecated root-slicing path).
@@ -351,8 +377,9 @@ def test_every_answer_and_operation_matches_torch(conformance: list[Facts], name
             assert torch_ops.pop("getitem flat on root")["groups"] != ("raises", "IndexError")
         assert _diff(normalized(case["torch"]), normalized(case["fmesh"])) == [], rank
         assert _diff(torch_ops, fmesh_ops) == [], rank
-        # torch's __eq__ / hash: the very same mesh (same rank map, layout, names).
-        assert case["equal"] is True
+        # torch's __eq__ / hash: the very same mesh (same rank map, layout, names),
+        # except for the relabeled ones.
+        assert case["equal"] is (name not in RELABELED)
 
 
 def _walk(facts: Any) -> list[Facts]:
@@ -444,8 +471,10 @@ def test_from_device_mesh_of_every_torch_mesh(conformance: list[Facts]) -> None:
                 continue
             assert back["instance"] == torch_facts["mesh"], (rank, name)
             assert tuple(tuple(sorted(g)) for g in back["groups"]) == torch_facts["groups"]
-            # fmesh's own DeviceMesh comes back as the very mesh it was made from.
-            assert case["from_fmesh_equal"] is True
+            # fmesh's own DeviceMesh comes back as the very mesh it was made from (the
+            # same function for the relabeled ones).
+            assert case["from_fmesh_equal"] is (name not in RELABELED), (rank, name)
+            assert case["from_fmesh_same"] is True, (rank, name)
         for name, facts in out["from_group"].items():
             assert facts["instance"] == facts["torch_mesh"], (rank, name)
             assert tuple(tuple(sorted(g)) for g in facts["groups"]) == facts["torch_groups"]
@@ -601,3 +630,43 @@ def test_dcp_saved_on_one_mesh_loads_on_another(training: dict[str, list[Facts]]
         coord = fmesh.coordinate(rev, rank)
         assert coord is not None
         np.testing.assert_array_equal(out["dcp_local"], full[2 * coord[0] : 2 * coord[0] + 2])
+
+
+# -- size-1 axes ------------------------------------------------------------------------
+
+
+SIZE_ONE = {"pp": 1, "dp": 2, "one": 1, "tp": 2}
+SLICES: tuple[tuple[str, ...], ...] = (
+    ("pp",),
+    ("dp",),
+    ("one",),
+    ("tp",),
+    ("dp", "tp"),
+    ("pp", "one"),
+    ("pp", "dp", "one", "tp"),
+)
+
+
+def size_one_job(rank: int, world: int) -> dict[str, Any]:
+    """Slices of a mesh with size-1 axes: fmesh's DeviceMesh and torch's own."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = fmesh.make_mesh(SIZE_ONE)
+    ours = fmesh.realize(mesh).to_device_mesh("cpu")
+    theirs = init_device_mesh("cpu", tuple(SIZE_ONE.values()), mesh_dim_names=tuple(SIZE_ONE))
+    out: dict[str, Any] = {}
+    for names in SLICES:
+        answers = []
+        for dm in (ours, theirs):
+            sub = dm[names]
+            answers.append((sub.mesh.tolist(), sub.get_coordinate(), sub.size()))
+        out["/".join(names)] = answers
+    return out
+
+
+def test_size_one_axes_slice_like_torch(tmp_path: Path) -> None:
+    # torch 2.11 refused to slice a size-1 dimension that had no stride.
+    job = run_spawn(size_one_job, 4, tmp_path=tmp_path, timeout=90)
+    for out in job.values():
+        for names, (ours, theirs) in out.items():
+            assert ours == theirs, names
