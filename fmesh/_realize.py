@@ -85,13 +85,26 @@ class _AxisRequest:
     mesh: Mesh
     name: str
     layout: Layout
-    members: tuple[int, ...] | None
-    """This rank's group along the axis in coordinate order; ``None`` off the mesh."""
+    member: bool
+    """This rank is in the mesh (so it has a group along the axis)."""
     backend: str
     options: object
     options_id: int
     explicit: bool
     """The backend was named for this axis (per-axis mapping), not inherited."""
+
+    def members(self, rank: int) -> tuple[int, ...] | None:
+        """This rank's group in coordinate order (O(group size)); ``None`` off the mesh."""
+        return group(self.mesh, self.name, rank) if self.member else None
+
+    def is_world_in_rank_order(self, world_size: int) -> bool:
+        """The axis is every rank of the world in rank order (O(1), no group built)."""
+        m = self.mesh
+        return (
+            m.rank_map is None
+            and m.index_size == world_size
+            and self.layout.modes == ((world_size, 1),)
+        )
 
     @property
     def key(self) -> Hashable:
@@ -195,7 +208,7 @@ def realize(
                 mesh=mesh,
                 name=name,
                 layout=layout,
-                members=None if coord is None else group(mesh, name, me),
+                member=coord is not None,
                 backend=world_backend if b is None else str(b),
                 options=o,
                 options_id=state.options_ordinal(o),
@@ -258,7 +271,8 @@ def realize(
 def _remember_names(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:
     """Record name -> (layout, group) per rank space, for DeviceMesh interop."""
     with state.lock:
-        names = state.named_axes.setdefault(world_key(mesh), {})
+        wk = world_key(mesh)
+        names = state.named_axes.setdefault(wk, {})
         for name, layout in zip(mesh.axis_names, mesh.axes):
             pg = groups.get(name)
             if pg is None:
@@ -267,6 +281,12 @@ def _remember_names(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:
                 names[name] = (layout, pg)
             elif names[name] is not None and names[name] != (layout, pg):
                 names[name] = None  # realized with two layouts: ambiguous
+        converted = any(w == wk for w, _ in state.roots)
+    if converted:
+        # DeviceMeshes already handed out: torch's _flatten on them finds this axis.
+        from ._interop import sync_flattens
+
+        sync_flattens(wk)
 
 
 # -- one axis ------------------------------------------------------------------------------
@@ -298,7 +318,7 @@ def _store(request: _AxisRequest, value: tuple[ProcessGroup | None, int]) -> Non
     pg, made = value
     state.axis_memo[request.key] = pg
     if made:
-        assert pg is not None and request.members is not None
+        assert pg is not None and request.member
         state.created_pgs.append(pg)
         state.created += 1
     else:
@@ -322,8 +342,17 @@ def _create(
     """Make (or find) the group; returns (group, 1 if created else 0)."""
     from ._c10d import default_timeout
 
-    members = request.members
     backend, options, options_id = _size_one_backend(request, world)
+    if (
+        request.member
+        and options is None
+        and backend == world.backend
+        and request.is_world_in_rank_order(world.size)
+    ):
+        # The whole world in rank order is the default group: no second communicator.
+        # Every rank is a member, so every rank decides this alike (no collective).
+        return world.pg, 0
+    members = request.members(world.rank)
     # With an eagerly initialized NCCL world, torch makes every NCCL group by
     # splitting the world communicator, a collective over all ranks; other axes
     # are made by their members alone.
@@ -336,16 +365,6 @@ def _create(
             pg = state.group_memo.get(group_key)
         if pg is not None:
             return pg, 0
-    if (
-        members is not None
-        and options is None
-        and backend == world.backend
-        and members == tuple(range(world.size))
-    ):
-        # The whole world in rank order is the default group: no second communicator.
-        # Every rank is a member, so every rank decides this alike (no collective).
-        return world.pg, 0
-
     desc = f"fmesh:{request.name}"
     wait = timeout if timeout is not None else default_timeout(backend)
     if world_collective:
@@ -437,7 +456,7 @@ def _split(
     from ._c10d import new_named_group, split_from_world
 
     mesh = request.mesh
-    some = request.members or group(mesh, request.name, rank_of(mesh, 0))
+    some = request.members(world.rank) or group(mesh, request.name, rank_of(mesh, 0))
     increasing = mesh.rank_map is None or rank_map_info(mesh.rank_map).is_increasing
     if request.layout.is_ascending and increasing:
         return split_from_world(some, backend, options, timeout, desc)

@@ -96,7 +96,10 @@ def test_every_row_has_both_figures_and_their_ratio(smoke: dict[str, Any]) -> No
     assert rows
     for row in rows:
         fm, th = row["fmesh"], row["torch"]
-        assert isinstance(fm, int | float) and fm >= 0, row
+        assert isinstance(fm, int | float), row
+        # Net store keys of a memoized repeat can be negative: its calls remove the
+        # agreement keys the previous phase's last call left for its next one.
+        assert fm >= 0 or row["key"] == "gloo.memo.keys", row
         if row["skipped"] is not None:  # fmesh-only rows (torch has no memo)
             assert th is None and row["ratio"] is None, row
             continue
@@ -130,8 +133,9 @@ def test_every_benchmark_at_every_size(smoke: dict[str, Any]) -> None:
 
 def test_gloo_rows_count_store_keys_and_the_memoized_repeat(smoke: dict[str, Any]) -> None:
     rows = {r["key"]: r for r in smoke["rows"]}
-    # A fully memoized repeat makes no store trip at all.
-    assert rows["gloo.memo.keys"]["fmesh"] == 0
+    # A fully memoized repeat still publishes to the agreement but leaves at most the
+    # keys of its last call (about 5, removed by the next realize call) behind.
+    assert rows["gloo.memo.keys"]["fmesh"] <= 5
     # Creating groups on real gloo leaves rendezvous keys, for both libraries.
     assert rows["gloo.trainer5.keys"]["fmesh"] > 0
     assert rows["gloo.trainer5.keys"]["torch"] > 0

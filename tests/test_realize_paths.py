@@ -58,7 +58,7 @@ def _run(
         mesh=mesh,
         name=axis,
         layout=mesh.axes[pos],
-        members=None if coord is None else fmesh.group(mesh, axis, me),
+        member=coord is not None,
         backend=backend,
         options=None,
         options_id=0,
