@@ -41,7 +41,7 @@ from ._spec import PartitionSpec as PartitionSpec
 from ._views import same_groups as same_groups
 from ._views import same_ranks as same_ranks
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AxisHosts",

@@ -417,13 +417,7 @@ def _new_group(
         if ticket is None:
             raise
         _agree.abort(ticket, f"it could not create the group {list(ranks)}: {err}")
-        gave_up = {
-            r: why
-            for r, why in _agree.failures(
-                ticket, wait=min(timeout.total_seconds(), 5.0)
-            ).items()
-            if r != me and r in ranks
-        }
+        gave_up = _peer_failures(ticket, ranks, me, grace=min(timeout.total_seconds(), 5.0))
         others = [r for r in ranks if r != me]
         why = (
             "; ".join(f"rank {r} gave up: {m}" for r, m in sorted(gave_up.items()))
@@ -436,6 +430,20 @@ def _new_group(
             f"every rank agreed on {ticket.where} ({ticket.summary}): {why} "
             f"(torch said: {err})"
         ) from err
+
+
+def _peer_failures(
+    ticket: _agree.Ticket, ranks: tuple[int, ...], me: int, grace: float
+) -> dict[int, str]:
+    """Why other members of ``ranks`` gave up on this call, waiting up to ``grace``
+    seconds for a first report (a peer's own timeout can end a moment after ours)."""
+    deadline = time.monotonic() + grace
+    while True:
+        reports = _agree.failures(ticket)
+        found = {r: why for r, why in reports.items() if r != me and r in ranks}
+        if found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.1)
 
 
 def _split(

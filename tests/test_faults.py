@@ -191,6 +191,24 @@ def death_job(rank: int, world: int, dead: int, timeout_s: float) -> dict[str, A
     )
 
 
+def death_in_creation_job(
+    rank: int, world: int, dead: int, timeout_s: float
+) -> dict[str, Any]:
+    """Every rank agrees on A; rank ``dead`` then exits as it starts creating a group."""
+    from fmesh import _c10d
+
+    _start(rank)
+    if rank == dead:
+
+        def exit_now(*args: Any, **kwargs: Any) -> None:
+            os._exit(4)
+
+        _c10d.new_named_group = exit_now  # the fault: dies after agreeing
+    return _attempt(
+        lambda: fmesh.realize(mesh_a(), timeout=datetime.timedelta(seconds=timeout_s))
+    )
+
+
 # -- parent side ----------------------------------------------------------------------------
 
 
@@ -264,3 +282,25 @@ def test_peer_that_exits_is_named(tmp_path: Path) -> None:
         assert out["error"], out
         assert out["elapsed"] < timeout_s + 20.0, out
         assert re.search(rf"ranks \[{dead}\] never reached realize call #\d+", out["message"])
+
+
+def test_peer_that_exits_during_group_creation_is_reported(tmp_path: Path) -> None:
+    # Mesh A (dp=2, tp=2): rank 2 dies in its first group, dp [0, 2]. Rank 0 waits
+    # for it there and rank 3 in tp [2, 3]; rank 1 then waits in tp [0, 1] for rank 0,
+    # which gave up -- so the cause travels along the chain, each within the timeout.
+    dead, timeout_s = 2, 5.0
+    job = run_spawn(
+        death_in_creation_job, WORLD, dead, timeout_s, tmp_path=tmp_path, timeout=JOB_TIMEOUT
+    )
+    assert job.outcomes[dead].exitcode == 4, job.describe()
+    outs = {r: job.outcomes[r].value for r in (0, 1, 3)}
+    for rank, out in outs.items():
+        assert job.outcomes[rank].ok, job.describe()
+        assert out["error"], (rank, out)
+        assert "after every rank agreed on realize call #" in out["message"], out
+        assert out["elapsed"] < 2 * timeout_s + 20.0, out
+    for rank in (0, 3):
+        group = fmesh.group(mesh_a(), "dp" if rank == 0 else "tp", rank)
+        assert f"creating the group {list(group)}" in outs[rank]["message"]
+        assert "died or is stuck" in outs[rank]["message"], outs[rank]
+    assert "rank 0 gave up" in outs[1]["message"], outs[1]
