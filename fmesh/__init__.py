@@ -4,6 +4,8 @@ The pure core (layouts, meshes, transformations, rank queries) needs no torch; o
 :func:`realize` and the DeviceMesh interop import torch, on first use.
 """
 
+import typing as _typing
+
 from ._distribute import distribute as distribute
 from ._distribute import placements as placements
 from ._distribute import spec_of as spec_of
@@ -41,11 +43,26 @@ from ._spec import PartitionSpec as PartitionSpec
 from ._views import same_groups as same_groups
 from ._views import same_ranks as same_ranks
 
+if _typing.TYPE_CHECKING:
+    # torch's options class, for annotating realize(options=...); at run time it is
+    # looked up on first access (below), so `import fmesh` does not import torch.
+    from ._c10d import BackendOptions as BackendOptions
+
 __version__ = "0.2.0"
+
+
+def __getattr__(name: str) -> object:
+    if name == "BackendOptions":
+        from ._c10d import backend_options_type
+
+        return backend_options_type()
+    raise AttributeError(f"module 'fmesh' has no attribute {name!r}")
+
 
 __all__ = [
     "AxisHosts",
     "AxisNotFoundError",
+    "BackendOptions",
     "CacheStats",
     "HostReport",
     "LaunchError",

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BackendOptions",
     "GroupSpec",
+    "backend_options_type",
     "Store",
     "add_flatten",
     "default_store",
@@ -70,6 +71,13 @@ def torch_version() -> tuple[int, int]:
 
 
 # -- c10d -------------------------------------------------------------------------------
+
+
+def backend_options_type() -> type:
+    """torch's class of backend options (``ProcessGroupNCCL.Options`` derives from it)."""
+    from torch._C._distributed_c10d import Backend
+
+    return Backend.Options
 
 
 def default_store() -> Store:

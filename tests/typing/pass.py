@@ -125,3 +125,12 @@ def partition_specs(r: fmesh.RealizedMesh) -> fmesh.PartitionSpec:
     back = fmesh.spec_of(dt, r.mesh)
     assert_type(back, fmesh.PartitionSpec)
     return back if entry is not None else spec
+
+
+def realize_with_options(mesh: fmesh.Mesh, options: fmesh.BackendOptions) -> int:
+    realized = fmesh.realize(mesh, backend={"tp": "gloo"}, options={"dp": options})
+    return realized.created
+
+
+def dry_run(world_size: int, rank: int) -> None:
+    assert_type(fmesh.init_fake_world(world_size, rank), None)
