@@ -21,8 +21,9 @@ practice the default group's store)::
         Forget every stream and pending call (``fmesh.destroy``): a new generation.
     count_keys(store) -> int
         How many keys of this protocol the store holds (for tests).
-    new_connection(store) -> Store
-        A clone of the store with its own socket (give one to each group creation).
+    thread_store(store) -> Store
+        The connection this thread uses: the store itself on the main thread, a
+        cached clone on others (give it to each group creation).
 
 Calls are matched across ranks per *stream*, by default the calling thread's name:
 the k-th call of the thread named T on one rank meets the k-th call of the thread
@@ -91,6 +92,7 @@ __all__ = [
     "count_keys",
     "failures",
     "new_connection",
+    "thread_store",
     "next_call",
     "reset",
 ]
@@ -190,12 +192,17 @@ def reset() -> None:
 
 
 def _conn(store: Store) -> Store:
-    """This thread's own connection to ``store``.
+    """The connection to ``store`` this thread uses: ``store`` itself on the main
+    thread, a clone of it (cached per thread) on any other.
 
-    A TCPStore client serializes its operations, and a wait holds it: a wait on the
-    shared client would stall every other thread of the process that uses the store
-    (another realize, torch's own rendezvous). A clone has its own socket.
+    A TCPStore client serializes its operations, and a wait holds it: two threads
+    sharing one client would stall each other (a realize waiting for peers, another
+    thread's realize or group rendezvous). A clone has its own socket; it is made once
+    per thread, since connecting costs a round trip (and, when many ranks connect at
+    once, can stall for seconds on the store's accept queue).
     """
+    if threading.current_thread() is threading.main_thread():
+        return store
     conns: dict[int, tuple[Store, Store, int]] | None = getattr(_local, "conns", None)
     if conns is None:
         conns = _local.conns = {}
@@ -210,15 +217,20 @@ def _conn(store: Store) -> Store:
     return clone
 
 
+def thread_store(store: Store) -> Store:
+    """The connection to ``store`` for this thread (see :func:`_conn`).
+
+    Give it to each process group creation: torch's gloo rendezvous waits in the
+    store, and a wait on a TCPStore client shared between threads blocks the others,
+    so two threads creating groups in different orders on different ranks would
+    deadlock until the store timeout.
+    """
+    return _conn(store)
+
+
 def new_connection(store: Store) -> Store:
     """A new client of the same store, with its own socket (the store itself if it
-    cannot clone).
-
-    Give one to each process group creation: torch's gloo rendezvous waits in the
-    store, and a wait on a shared TCPStore client blocks every other thread's use of
-    that client, so two threads creating groups in different orders on different
-    ranks deadlock until the store timeout.
-    """
+    cannot clone)."""
     try:
         return cast("_Untyped", store).clone()
     except (RuntimeError, NotImplementedError):

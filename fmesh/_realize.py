@@ -410,7 +410,7 @@ def _new_group(
     name = _group_name(ranks, backend, options_id)
     # Its own store connection: the rendezvous waits in the store, and a store client
     # serializes its operations, so threads sharing one would wait on each other.
-    store = None if ticket is None else _agree.new_connection(default_store())
+    store = None if ticket is None else _agree.thread_store(default_store())
     try:
         return new_named_group(ranks, me, backend, options, timeout, name, desc, store)
     except Exception as err:  # a peer that never joins shows up as a store timeout
