@@ -114,8 +114,8 @@ ROWS: tuple[tuple[str, str, str, str, str, str], ...] = (
         "keys",
         "the same realize calls again: rendezvous-store keys added (net)",
         "fmesh",
-        "store.num_keys() before and after; each call removes the keys the previous "
-        "call left for it and leaves about 5 until the next realize call",
+        "store.num_keys() before and after; a memoized call's agreement keys (about 5) "
+        "stay until every rank has confirmed it at a later realize call",
     ),
     (
         "gloo.world_1d.seconds",
