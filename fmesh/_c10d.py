@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -197,6 +198,13 @@ def init_fake_world(rank: int, world: int) -> None:
 # -- DeviceMesh -------------------------------------------------------------------------
 
 
+def _mesh_layout_module() -> Any:
+    """``torch.distributed._mesh_layout``, typed loosely: its classes differ between
+    torch 2.11 (one pycute layout) and 2.13+ (a tuple of ``_FlatLayout`` axes), and so
+    do their stubs."""
+    return importlib.import_module("torch.distributed._mesh_layout")
+
+
 def _torch_layout(axes: Sequence[Modes]) -> Any:
     """torch's mesh layout for one dimension per entry of ``axes``.
 
@@ -210,25 +218,20 @@ def _torch_layout(axes: Sequence[Modes]) -> Any:
             after = [s * d for later in axes[i + 1 :] for s, d in later]
             modes = ((1, max(after, default=1)),)
         dims.append(modes)
+    ml = _mesh_layout_module()
     if torch_version() >= (2, 13):
-        from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
-
-        return _MeshLayout(
-            [_FlatLayout(tuple(s for s, _ in m), tuple(d for _, d in m)) for m in dims]
+        return ml._MeshLayout(
+            [ml._FlatLayout(tuple(s for s, _ in m), tuple(d for _, d in m)) for m in dims]
         )
-    from torch.distributed._mesh_layout import _MeshLayout as _OldLayout
-
     shape = tuple(m[0][0] if len(m) == 1 else tuple(s for s, _ in m) for m in dims)
     stride = tuple(m[0][1] if len(m) == 1 else tuple(d for _, d in m) for m in dims)
-    return cast(Any, _OldLayout)(shape, stride)
+    return ml._MeshLayout(shape, stride)
 
 
 def _flattened_layout(modes: Modes) -> Any:
     """The layout torch's ``_flatten`` computes for a 1-d mesh over ``modes``."""
     if torch_version() >= (2, 13):
-        from torch.distributed._mesh_layout import _MeshLayout
-
-        return _MeshLayout([_torch_layout([modes]).collapse()])
+        return _mesh_layout_module()._MeshLayout([_torch_layout([modes]).collapse()])
     layout = _torch_layout([((s, d),) for s, d in modes]).coalesce()
     return layout.nest() if len(layout) > 1 else layout
 

@@ -60,7 +60,7 @@ def _build(ranks: tuple[int, ...]) -> RankMapInfo:
                 f"rank_map entries must be int, got {r!r} of type {type(r).__name__}"
             )
     array = np.asarray(ranks, dtype=np.int64).reshape(-1)
-    if array.size and int(array.min()) < 0:
+    if array.size and bool((array < 0).any()):
         bad = int(array[array < 0][0])
         raise MeshError(f"rank_map contains the negative rank {bad}; global ranks are >= 0")
     order = np.argsort(array, kind="stable")

@@ -16,6 +16,7 @@ and checks a DCP checkpoint saved on one fmesh mesh loads on another.
 
 from __future__ import annotations
 
+import importlib
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -221,6 +222,14 @@ def conformance_job(rank: int, world: int) -> Facts:
     return out
 
 
+def _member_group(pg: object) -> Any:
+    """A group this rank is in (torch 2.14+ types non-members as a sentinel)."""
+    from torch.distributed import ProcessGroup
+
+    assert isinstance(pg, ProcessGroup), pg
+    return pg
+
+
 def _from_group_facts(rank: int) -> Facts:
     """``from_device_mesh`` of meshes torch builds from existing groups."""
     import torch
@@ -232,8 +241,8 @@ def _from_group_facts(rank: int) -> Facts:
     groups = [dist.new_group(row) for row in rows]
     cols = [[rows[0][i], rows[1][i]] for i in range(4)]
     col_groups = [dist.new_group(col) for col in cols]
-    mine = next(g for g, row in zip(groups, rows) if rank in row)
-    mine_col = next(g for g, col in zip(col_groups, cols) if rank in col)
+    mine = _member_group(next(g for g, row in zip(groups, rows) if rank in row))
+    mine_col = _member_group(next(g for g, col in zip(col_groups, cols) if rank in col))
     one = DeviceMesh.from_group(mine, "cpu", mesh_dim_names=("w",))
     two = DeviceMesh.from_group(
         [mine_col, mine], "cpu", mesh=torch.tensor(rows), mesh_dim_names=("a", "b")
@@ -291,7 +300,7 @@ def _counting(rank: int) -> Facts:
         "coordinate": got.get_coordinate(),
     }
     # Every rank still agrees on group creation afterwards.
-    check = dist.new_group(list(range(dist.get_world_size())))
+    check = _member_group(dist.new_group(list(range(dist.get_world_size()))))
     total = __import__("torch").ones(1)
     dist.all_reduce(total, group=check)
     out["agree_after"] = float(total.item())
@@ -543,11 +552,14 @@ def _fsdp_runs(dm_1d: Any, dm_2d: Any, rank: int) -> dict[str, list[float]]:
     fully_shard(model, mesh=dm_2d["dp"])
     out["fsdp_tp"] = _train(model, rank)
     if _has_dp_mesh_dims():
-        from torch.distributed.fsdp import DataParallelMeshDims
+        # Typed loosely: torch 2.11 has neither the class nor the keyword.
+        fsdp: Any = importlib.import_module("torch.distributed.fsdp")
         from torch.distributed.tensor import distribute_module
 
         model = distribute_module(_model(), dm_2d)  # parameters Replicate on dp x tp
-        fully_shard(model, mesh=dm_2d, dp_mesh_dims=DataParallelMeshDims(shard=("dp", "tp")))
+        fsdp.fully_shard(
+            model, mesh=dm_2d, dp_mesh_dims=fsdp.DataParallelMeshDims(shard=("dp", "tp"))
+        )
         out["dp_mesh_dims"] = _train(
             model, rank, lambda x: DTensor.from_local(x, dm_2d, [Replicate(), Replicate()])
         )

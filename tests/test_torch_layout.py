@@ -18,14 +18,15 @@ Known differences, checked rather than skipped:
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed._mesh_layout as torch_mesh_layout
 from bruteforce import Model
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -41,23 +42,26 @@ from strategies import (
     tiling_layouts,
 )
 
+import fmesh
+from fmesh import UnrepresentableSplitError
+
+# Typed loosely: torch 2.11's stubs have another _MeshLayout and no _FlatLayout.
+torch_mesh_layout: Any = importlib.import_module("torch.distributed._mesh_layout")
 if not hasattr(torch_mesh_layout, "_FlatLayout"):
     pytest.skip(
         "compares with torch's per-axis layout algebra (_FlatLayout), new in torch 2.13; "
         "fmesh's own algebra is checked by test_layout.py on every torch",
         allow_module_level=True,
     )
-from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
-
-import fmesh
-from fmesh import UnrepresentableSplitError
+_FlatLayout = torch_mesh_layout._FlatLayout
+_MeshLayout = torch_mesh_layout._MeshLayout
 
 
-def _torch_axes(sizes: tuple[int, ...]) -> list[_FlatLayout]:
+def _torch_axes(sizes: tuple[int, ...]) -> list[Any]:
     return list(_MeshLayout.from_sizes_strides(sizes))
 
 
-def _same_layout(ours: fmesh.Layout, theirs: _FlatLayout) -> bool:
+def _same_layout(ours: fmesh.Layout, theirs: Any) -> bool:
     return (ours.shape, ours.stride) == (tuple(theirs.shape), tuple(theirs.stride))
 
 
@@ -66,7 +70,7 @@ def _rank_tensor(mesh: fmesh.Mesh) -> torch.Tensor:
     return torch.tensor(list(ranks), dtype=torch.int64)
 
 
-def _check_against_torch(mesh: fmesh.Mesh, axes: list[_FlatLayout]) -> None:
+def _check_against_torch(mesh: fmesh.Mesh, axes: list[Any]) -> None:
     """Same layouts, same instances, same groups in the same order, same coordinates."""
     assert len(axes) == mesh.ndim
     for ours, theirs in zip(mesh.axes, axes, strict=True):
@@ -84,13 +88,13 @@ def _check_against_torch(mesh: fmesh.Mesh, axes: list[_FlatLayout]) -> None:
                 assert fmesh.group(mesh, name, rank) == ranks
 
 
-def _torch_unflatten(layout: _FlatLayout, sizes: tuple[int, ...]) -> list[_FlatLayout]:
+def _torch_unflatten(layout: Any, sizes: tuple[int, ...]) -> list[Any]:
     # What DeviceMesh._unflatten does for one dimension.
     return list(layout.composition(_MeshLayout.from_sizes_strides(sizes)))
 
 
 def _torch_split_is_wrong(
-    parts: list[_FlatLayout],
+    parts: list[Any],
     split: tuple[tuple[str, int], ...],
     mesh: fmesh.Mesh,
     model: Model,
