@@ -160,6 +160,8 @@ def main() -> int:
     fell = losses[-1] < losses[0]
     if rank == 0:
         print(f"loss: first={losses[0]:.4f} last={losses[-1]:.4f} fell={fell}")
+    # Every rank is done with every group before any rank tears one down.
+    dist.barrier()
     fmesh.destroy()
     dist.destroy_process_group()
     return 0 if fell else 1
