@@ -144,9 +144,7 @@ def to_device_mesh(realized: RealizedMesh, device_type: str | None) -> DeviceMes
     with state.lock:
         found: DeviceMesh | None = state.device_meshes.get(key)
     if found is not None:
-        # Axes realized since the last conversion join the flatten mappings.
-        sync_flattens(world_key(realized.mesh))
-        return found
+        return found  # axes realized since are registered by realize itself
     view = torch_view(realized.mesh)
     wk = world_key(view)
     groups = _groups(realized)

@@ -38,12 +38,13 @@ from typing import TYPE_CHECKING, final
 import attrs
 
 from . import _agree
+from ._axes import axis_position
 from ._errors import MeshError, MeshMismatchError
 from ._launch import check_backend, check_timeout, ensure_default_group
 from ._layout import Layout
 from ._memo import digest, rank_map_key, state, world_key
 from ._mesh import Mesh
-from ._ops import axis_position, coordinate, group, rank_of
+from ._ops import coordinate, group, rank_of
 from ._rankmap import rank_map_info
 from ._realized import RealizedMesh
 

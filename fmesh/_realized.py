@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
+from ._axes import axis_position
 from ._errors import MeshError
 from ._mesh import Mesh
-from ._ops import axis_position
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
