@@ -39,6 +39,7 @@ def worker_rank(spec: Json) -> Json:
     import torch.distributed as dist
 
     import fmesh
+    from fmesh._agree import KEY_ROOT  # what every key of fmesh's agreement contains
 
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
@@ -57,16 +58,21 @@ def worker_rank(spec: Json) -> Json:
         created0 = fmesh.cache_stats().created
         dist.barrier()
         start = time.perf_counter()
-        keep.append(fn(shape))
+        result = fn(shape)
         seconds = time.perf_counter() - start
+        keep.append(result)
         dist.barrier()
         keys1 = store.num_keys() if rank == 0 else 0
+        # fmesh's own agreement keys still in the store (every rank's), read by rank 0.
+        agree_left = sum(KEY_ROOT in k for k in store.list_keys()) if rank == 0 else 0
         groups1, _ = torch_ref.group_counters()
         out[phase] = {
             "seconds": seconds,
             "groups": groups1 - groups0,
             "created": fmesh.cache_stats().created - created0,
             "keys": keys1 - keys0,
+            "agree_left": agree_left,
+            "calls": len(result) if isinstance(result, list) else 1,
         }
     dist.barrier()
     del keep
@@ -111,11 +117,11 @@ ROWS: tuple[tuple[str, str, str, str, str, str], ...] = (
     (
         "gloo.memo.keys",
         "memo",
-        "keys",
-        "the same realize calls again: rendezvous-store keys added (net)",
+        "agree_left",
+        "the same realize calls again: agreement keys left in the store",
         "fmesh",
-        "store.num_keys() before and after; a memoized call's agreement keys (about 5) "
-        "stay until every rank has confirmed it at a later realize call",
+        "read by rank 0 after the phase; a memoized call's keys (5 per call, 4 calls) "
+        "stay until every rank's next realize call, so at least the last call's remain",
     ),
     (
         "gloo.world_1d.seconds",
@@ -141,8 +147,8 @@ EVERY_SIZE = frozenset({"gloo.trainer5.seconds", "gloo.trainer5.groups"})
 
 def _aggregate(jobs: list[list[Json]], phase: str, metric: str) -> float:
     """Median over jobs of the slowest rank (time) / the most (groups) / rank 0 (keys)."""
-    if metric == "keys":
-        per_job = [next(r for r in job if r["rank"] == 0)[phase]["keys"] for job in jobs]
+    if metric in ("keys", "agree_left"):
+        per_job = [next(r for r in job if r["rank"] == 0)[phase][metric] for job in jobs]
     else:
         per_job = [max(r[phase][metric] for r in job) for job in jobs]
     return float(statistics.median(per_job))
@@ -168,7 +174,7 @@ def section(b: Bench) -> None:
                     label,
                     f"{world} ({shape_str(shape)})",
                     world,
-                    "count" if metric in ("groups", "keys") else "s",
+                    "count" if metric in ("groups", "keys", "agree_left") else "s",
                     _aggregate(runs["fmesh"], phase, metric),
                     _aggregate(runs["torch"], phase, metric) if impls == "both" else None,
                     note=note,
