@@ -141,13 +141,16 @@ ROWS: tuple[tuple[str, str, str, str, str, str], ...] = (
         "store.num_keys() before and after",
     ),
 )
+RANK0_METRICS = frozenset({"keys", "agree_left"})
+"""Store counts, read by rank 0 (every rank's keys); the other metrics are per rank."""
+COUNT_METRICS = RANK0_METRICS | {"groups"}
 EVERY_SIZE = frozenset({"gloo.trainer5.seconds", "gloo.trainer5.groups"})
 """Rows the README shows at every gloo size; the others at the largest."""
 
 
 def _aggregate(jobs: list[list[Json]], phase: str, metric: str) -> float:
     """Median over jobs of the slowest rank (time) / the most (groups) / rank 0 (keys)."""
-    if metric in ("keys", "agree_left"):
+    if metric in RANK0_METRICS:
         per_job = [next(r for r in job if r["rank"] == 0)[phase][metric] for job in jobs]
     else:
         per_job = [max(r[phase][metric] for r in job) for job in jobs]
@@ -174,7 +177,7 @@ def section(b: Bench) -> None:
                     label,
                     f"{world} ({shape_str(shape)})",
                     world,
-                    "count" if metric in ("groups", "keys", "agree_left") else "s",
+                    "count" if metric in COUNT_METRICS else "s",
                     _aggregate(runs["fmesh"], phase, metric),
                     _aggregate(runs["torch"], phase, metric) if impls == "both" else None,
                     note=note,
