@@ -21,6 +21,7 @@ from ._hosts import make_hybrid_mesh as make_hybrid_mesh
 from ._interop import from_device_mesh as from_device_mesh
 from ._launch import init_fake_world as init_fake_world
 from ._layout import Layout as Layout
+from ._memo import CacheStats as CacheStats
 from ._memo import cache_stats as cache_stats
 from ._memo import destroy as destroy
 from ._mesh import Mesh as Mesh
@@ -36,7 +37,6 @@ from ._ops import rename as rename
 from ._ops import slice as slice  # noqa: A004 - the contract's name; shadows builtin
 from ._ops import unflatten as unflatten
 from ._realize import realize as realize
-from ._realized import CacheStats as CacheStats
 from ._realized import RealizedMesh as RealizedMesh
 from ._spec import P as P
 from ._spec import PartitionSpec as PartitionSpec

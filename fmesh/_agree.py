@@ -79,6 +79,7 @@ from typing import TYPE_CHECKING, Protocol, cast, final
 import attrs
 
 from ._errors import MeshMismatchError
+from ._memo import on_reset
 
 if TYPE_CHECKING:
     from ._c10d import Store
@@ -189,6 +190,9 @@ def reset() -> None:
         _state.generation += 1
         _state.counters.clear()
         _state.pending.clear()
+
+
+on_reset(reset)
 
 
 def _conn(store: Store) -> Store:

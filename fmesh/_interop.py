@@ -24,6 +24,8 @@ mesh and device type.
 from __future__ import annotations
 
 import itertools
+import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
@@ -31,16 +33,61 @@ import attrs
 from ._errors import MeshError
 from ._launch import check_device_type
 from ._layout import Layout, complement_modes, row_major
-from ._memo import WorldKey, state, world_key
+from ._memo import WorldKey, on_reset, world_key
 from ._mesh import Mesh
 from ._ops import instances
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
-    from ._realized import RealizedMesh
+__all__ = ["from_device_mesh", "note_realized", "to_device_mesh"]
 
-__all__ = ["from_device_mesh", "sync_flattens", "to_device_mesh"]
+
+@attrs.define
+class _State:
+    """What the interop keeps per process (reset with the memo)."""
+
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+    named_axes: dict[WorldKey, dict[str, tuple[Layout, ProcessGroup] | None]] = attrs.field(
+        factory=dict
+    )
+    """Per rank space: axis name -> (layout, group) this rank realized, or ``None``
+    when the name was realized with two different layouts (ambiguous)."""
+    device_meshes: dict[tuple[Mesh, str], Any] = attrs.field(factory=dict)
+    """to_device_mesh memo: (mesh, device type) -> DeviceMesh."""
+    roots: dict[tuple[WorldKey, str], list[Any]] = attrs.field(factory=dict)
+    """Root DeviceMeshes (:class:`Root`) per (rank space, device type)."""
+
+    def reset(self) -> None:
+        with self.lock:
+            self.named_axes.clear()
+            self.device_meshes.clear()
+            self.roots.clear()
+
+
+state = _State()
+on_reset(state.reset)
+
+
+def note_realized(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:
+    """Record name -> (layout, group) per rank space after a realize call that created
+    groups, and register new flattens in the DeviceMeshes already handed out."""
+    wk = world_key(mesh)
+    with state.lock:
+        names = state.named_axes.setdefault(wk, {})
+        for name, layout in zip(mesh.axis_names, mesh.axes):
+            pg = groups.get(name)
+            if pg is None:
+                continue
+            if name not in names:
+                names[name] = (layout, pg)
+            elif names[name] is not None and names[name] != (layout, pg):
+                names[name] = None  # realized with two layouts: ambiguous
+        converted = any(w == wk for w, _ in state.roots)
+    if converted:
+        # DeviceMeshes already handed out: torch's _flatten on them finds this axis.
+        _sync_flattens(wk)
 
 
 def _default_device_type() -> str:
@@ -105,12 +152,12 @@ def _root_axes(mesh: Mesh) -> Mesh:
     )
 
 
-def _groups(realized: RealizedMesh) -> list[tuple[str, Any]] | None:
-    if realized.coordinate is None:
+def _groups(
+    mesh: Mesh, coordinate: tuple[int, ...] | None, groups: Mapping[str, ProcessGroup]
+) -> list[tuple[str, Any]] | None:
+    if coordinate is None:
         return None
-    return [
-        (pg.group_name, pg) for pg in (realized.groups[n] for n in realized.mesh.axis_names)
-    ]
+    return [(pg.group_name, pg) for pg in (groups[n] for n in mesh.axis_names)]
 
 
 @final
@@ -132,22 +179,28 @@ def _dims(mesh: Mesh) -> list[tuple[tuple[int, int], ...]]:
     return [a.modes for a in mesh.axes]
 
 
-def to_device_mesh(realized: RealizedMesh, device_type: str | None) -> DeviceMesh:
-    """See :meth:`RealizedMesh.to_device_mesh`."""
+def to_device_mesh(
+    mesh: Mesh,
+    coordinate: tuple[int, ...] | None,
+    groups: Mapping[str, ProcessGroup],
+    device_type: str | None,
+) -> DeviceMesh:
+    """See :meth:`RealizedMesh.to_device_mesh`: ``mesh`` realized on this rank, at
+    ``coordinate``, with ``groups``."""
     from ._c10d import make_device_mesh
 
     device_type = check_device_type(
         device_type if device_type is not None else _default_device_type(),
         "RealizedMesh.to_device_mesh",
     )
-    key = (realized.mesh, device_type)
+    key = (mesh, device_type)
     with state.lock:
         found: DeviceMesh | None = state.device_meshes.get(key)
     if found is not None:
         return found  # axes realized since are registered by realize itself
-    view = torch_view(realized.mesh)
+    view = torch_view(mesh)
     wk = world_key(view)
-    groups = _groups(realized)
+    dim_groups = _groups(mesh, coordinate, groups)
     with state.lock:
         roots = state.roots.setdefault((wk, device_type), [])
         root = next((r for r in roots if r.has_axes(view)), None)
@@ -156,7 +209,7 @@ def to_device_mesh(realized: RealizedMesh, device_type: str | None) -> DeviceMes
         rank_map = _rank_map_tensor(view)
         # A mesh with one instance is a root itself, as init_device_mesh's is.
         top = view if view.num_instances == 1 else _root_axes(view)
-        top_groups = groups if top is view else None
+        top_groups = dim_groups if top is view else None
         root_dm = make_device_mesh(
             device_type, _dims(top), rank_map, top.axis_names, top_groups, None
         )
@@ -165,17 +218,22 @@ def to_device_mesh(realized: RealizedMesh, device_type: str | None) -> DeviceMes
             dm = root_dm
     if dm is None:
         dm = make_device_mesh(
-            device_type, _dims(view), root.rank_map, view.axis_names, groups, root.device_mesh
+            device_type,
+            _dims(view),
+            root.rank_map,
+            view.axis_names,
+            dim_groups,
+            root.device_mesh,
         )
     with state.lock:
         if root not in roots:
             roots.append(root)
         state.device_meshes[key] = dm
-    sync_flattens(wk)
+    _sync_flattens(wk)
     return dm
 
 
-def sync_flattens(wk: WorldKey) -> None:
+def _sync_flattens(wk: WorldKey) -> None:
     """Register every axis realized over rank space ``wk`` in each root's flatten
     mapping, so torch's ``_flatten`` of the same layout reuses fmesh's group."""
     import torch.distributed as dist

@@ -13,24 +13,24 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar, final
 
 import attrs
 
-from ._layout import Layout
 from ._mesh import Mesh
 from ._rankmap import rank_map_info
-from ._realized import CacheStats
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 __all__ = [
+    "CacheStats",
     "State",
     "WorldKey",
     "cache_stats",
     "destroy",
     "digest",
+    "on_reset",
     "rank_map_key",
     "state",
     "world_key",
@@ -56,6 +56,30 @@ def world_key(mesh: Mesh) -> WorldKey:
     return (mesh.index_size, rank_map_key(mesh))
 
 
+@final
+@attrs.frozen(slots=True)
+class CacheStats:
+    """Counters of the process-wide group memo."""
+
+    created: int
+    """Process groups fmesh created in this process (since the last destroy)."""
+    reused: int
+    """Group requests answered from the memo instead of creating a group."""
+    live: int
+    """Groups fmesh holds now."""
+
+
+_reset_hooks: list[Callable[[], None]] = []
+
+
+def on_reset(hook: Callable[[], None]) -> None:
+    """Call ``hook`` (under the memo lock) whenever the memo is reset: by
+    :func:`destroy`, or when the default process group changes. Modules that keep
+    per-group state of their own (the DeviceMesh interop) register here, so this
+    module never imports them."""
+    _reset_hooks.append(hook)
+
+
 @attrs.define
 class State:
     """Everything fmesh holds per process (reset by :func:`destroy`)."""
@@ -69,15 +93,6 @@ class State:
     in_flight: dict[Hashable, threading.Event] = attrs.field(factory=dict)
     created_pgs: list[ProcessGroup] = attrs.field(factory=list)
     options_ids: dict[int, tuple[object, int]] = attrs.field(factory=dict)
-    named_axes: dict[WorldKey, dict[str, tuple[Layout, ProcessGroup] | None]] = attrs.field(
-        factory=dict
-    )
-    """Per rank space: axis name -> (layout, group) this rank realized, or ``None``
-    when the name was realized with two different layouts (ambiguous)."""
-    device_meshes: dict[tuple[Mesh, str], Any] = attrs.field(factory=dict)
-    """to_device_mesh memo: (mesh, device type) -> DeviceMesh."""
-    roots: dict[tuple[WorldKey, str], list[Any]] = attrs.field(factory=dict)
-    """Root DeviceMeshes (``_interop.Root``) per (rank space, device type)."""
     created: int = 0
     reused: int = 0
 
@@ -86,13 +101,9 @@ class State:
         self.group_memo.clear()
         self.created_pgs.clear()
         self.options_ids.clear()
-        self.named_axes.clear()
-        self.device_meshes.clear()
-        self.roots.clear()
         self.generation += 1
-        from . import _agree
-
-        _agree.reset()
+        for hook in _reset_hooks:
+            hook()
 
     def options_ordinal(self, options: object) -> int:
         """A rank-independent id for an options object: its order of first use."""

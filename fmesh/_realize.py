@@ -40,9 +40,10 @@ import attrs
 from . import _agree
 from ._axes import axis_position
 from ._errors import MeshError, MeshMismatchError
+from ._interop import note_realized
 from ._launch import check_backend, check_timeout, ensure_default_group
 from ._layout import Layout
-from ._memo import digest, rank_map_key, state, world_key
+from ._memo import digest, rank_map_key, state
 from ._mesh import Mesh
 from ._ops import coordinate, group, rank_of
 from ._rankmap import rank_map_info
@@ -251,7 +252,7 @@ def realize(
         created += made
         if pg is not None:
             groups[request.name] = pg
-    _remember_names(mesh, groups)
+    note_realized(mesh, groups)
     logger.info(
         "fmesh.realize %r on rank %d: %d groups created, %d from memo, %.1f ms",
         mesh,
@@ -267,27 +268,6 @@ def realize(
         groups=types.MappingProxyType(groups),
         created=created,
     )
-
-
-def _remember_names(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:
-    """Record name -> (layout, group) per rank space, for DeviceMesh interop."""
-    with state.lock:
-        wk = world_key(mesh)
-        names = state.named_axes.setdefault(wk, {})
-        for name, layout in zip(mesh.axis_names, mesh.axes):
-            pg = groups.get(name)
-            if pg is None:
-                continue
-            if name not in names:
-                names[name] = (layout, pg)
-            elif names[name] is not None and names[name] != (layout, pg):
-                names[name] = None  # realized with two layouts: ambiguous
-        converted = any(w == wk for w, _ in state.roots)
-    if converted:
-        # DeviceMeshes already handed out: torch's _flatten on them finds this axis.
-        from ._interop import sync_flattens
-
-        sync_flattens(wk)
 
 
 # -- one axis ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The values realize hands back: :class:`RealizedMesh` and :class:`CacheStats`."""
+"""The value realize hands back: :class:`RealizedMesh`."""
 
 from __future__ import annotations
 
@@ -9,26 +9,14 @@ import attrs
 
 from ._axes import axis_position
 from ._errors import MeshError
+from ._interop import to_device_mesh
 from ._mesh import Mesh
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["CacheStats", "RealizedMesh"]
-
-
-@final
-@attrs.frozen(slots=True)
-class CacheStats:
-    """Counters of the process-wide group memo."""
-
-    created: int
-    """Process groups fmesh created in this process (since the last destroy)."""
-    reused: int
-    """Group requests answered from the memo instead of creating a group."""
-    live: int
-    """Groups fmesh holds now."""
+__all__ = ["RealizedMesh"]
 
 
 @final
@@ -84,9 +72,7 @@ class RealizedMesh:
         Raises:
             MeshError: for a device type torch cannot use in this process.
         """
-        from ._interop import to_device_mesh
-
-        return to_device_mesh(self, device_type)
+        return to_device_mesh(self.mesh, self.coordinate, self.groups, device_type)
 
     def __repr__(self) -> str:
         return f"RealizedMesh({self.mesh!r}, rank={self.rank}, coordinate={self.coordinate})"
