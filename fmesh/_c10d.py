@@ -35,6 +35,7 @@ __all__ = [
     "BackendOptions",
     "GroupSpec",
     "backend_options_type",
+    "debug_detail",
     "Store",
     "add_flatten",
     "default_store",
@@ -94,6 +95,13 @@ def default_timeout(backend: str) -> datetime.timedelta:
     from torch.distributed import distributed_c10d as c10d
 
     return c10d._get_default_timeout(Backend(backend))
+
+
+def debug_detail() -> bool:
+    """torch's own debug switch is at DETAIL (``TORCH_DISTRIBUTED_DEBUG=DETAIL``)."""
+    from torch._C._distributed_c10d import DebugLevel, get_debug_level
+
+    return bool(get_debug_level() == DebugLevel.DETAIL)
 
 
 def is_live(pg: ProcessGroup) -> bool:

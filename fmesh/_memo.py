@@ -13,12 +13,13 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, TypeVar, final
+from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import attrs
 
 from ._mesh import Mesh
 from ._rankmap import rank_map_info
+from ._stream import Stream
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -93,10 +94,15 @@ class State:
     in_flight: dict[Hashable, threading.Event] = attrs.field(factory=dict)
     created_pgs: list[ProcessGroup] = attrs.field(factory=list)
     options_ids: dict[int, tuple[object, int]] = attrs.field(factory=dict)
+    streams: dict[str, Stream[Any]] = attrs.field(factory=dict)
+    """Per thread name: numbering, hit history and the calls made (``_stream.py``)."""
+    debug: bool = False
+    """torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``: every call agrees."""
     created: int = 0
     reused: int = 0
 
     def reset(self) -> None:
+        self.streams.clear()
         self.axis_memo.clear()
         self.group_memo.clear()
         self.created_pgs.clear()

@@ -1,26 +1,14 @@
 """realize: the one side-effecting step, from a Mesh value to process groups.
 
-How groups are made, per axis of the mesh, for the calling rank only:
+A call is a *hit* when it creates nothing: every axis (with its backend and options)
+was realized before in the calling thread's stream (``_stream.py``), or is served by
+the default group. A hit is a dictionary lookup: no store request, no peer. A call
+that creates groups first *agrees* with every rank (``_agree.py``), carrying a hash of
+the hits made since the last agreement, so a divergence hidden among hits surfaces at
+the next creating call; then ``_groups.py`` creates this rank's groups.
 
-* One process-wide memo (``_memo.py``), keyed by the axis (canonical layout, index
-  space, rank map, backend, options), holds the group this rank got; a second level
-  keyed by the group itself (its ranks in coordinate order, backend, options) means the
-  same group reached from any mesh -- a slice, a flatten, an unflatten -- is created
-  once.
-* Group rank == coordinate: groups are created with their ranks in coordinate
-  order (never sorted).
-* With an eagerly initialized NCCL world (a bound device), NCCL axes whose groups are
-  ascending are made with ``split_group`` (one collective per axis over the world);
-  other NCCL axes go through torch's split-from-world constructor, keeping rank order.
-* Otherwise only members take part, in mesh axis order, so overlapping creations
-  cannot deadlock. Group names are derived from the group itself, not from how many
-  groups a process happens to hold, so members agree.
-* Size-1 axes get a one-member gloo (or fake) group, no NCCL communicator, unless a
-  per-axis backend names one explicitly.
-* Before creating anything, every rank of the world agrees on what it realizes
-  (``_agree.py``: O(1) store round trips per rank), so a mismatched mesh fails fast on
-  every rank with a :class:`~fmesh.MeshMismatchError` instead of hanging. Calls are
-  matched per thread name; a call that creates nothing publishes without waiting.
+Debug mode (torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` or ``realize(..., check=True)``)
+makes every call, hits included, a blocking agreement.
 
 Nothing here holds the process lock while waiting on peers.
 """
@@ -32,22 +20,23 @@ import logging
 import threading
 import time
 import types
+import urllib.parse
 from collections.abc import Hashable, Mapping
-from typing import TYPE_CHECKING, final
-
-import attrs
+from typing import TYPE_CHECKING
 
 from . import _agree
 from ._axes import axis_position
-from ._errors import MeshError, MeshMismatchError
+from ._c10d import debug_detail
+from ._errors import MeshError
+from ._groups import AxisRequest, World, axis_group
 from ._interop import note_realized
 from ._launch import check_backend, check_timeout, ensure_default_group
-from ._layout import Layout
-from ._memo import digest, rank_map_key, state
+from ._memo import rank_map_key, state
 from ._mesh import Mesh
-from ._ops import coordinate, group, rank_of
+from ._ops import coordinate
 from ._rankmap import rank_map_info
 from ._realized import RealizedMesh
+from ._stream import Stream, call_code, combine
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -65,54 +54,83 @@ _init_lock = threading.Lock()
 so it is not the memo lock)."""
 
 
-@final
-@attrs.frozen(slots=True)
-class _World:
-    """Facts about the default process group that shape every creation."""
+def _call_key(mesh: Mesh, backend: object, options: object) -> Hashable | None:
+    """What identifies a call in a stream's memo (``None``: not memoizable)."""
+    try:
+        if isinstance(backend, Mapping):
+            backend = tuple(sorted(backend.items(), key=lambda kv: str(kv[0])))
+        if isinstance(options, Mapping):
+            options = tuple(sorted(options.items(), key=lambda kv: str(kv[0])))
+        key = (mesh, backend, options)
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
-    pg: ProcessGroup
-    size: int
-    rank: int
-    backend: str
-    fake: bool
-    eager: bool
-    """The default group has a bound device (eagerly initialized NCCL)."""
 
+def realize(
+    mesh: Mesh,
+    *,
+    backend: str | Mapping[str, str | None] | None = None,
+    options: BackendOptions | Mapping[str, BackendOptions | None] | None = None,
+    timeout: datetime.timedelta | None = None,
+    check: bool = False,
+) -> RealizedMesh:
+    """Create (or reuse) the process groups the calling rank needs for ``mesh``.
 
-@final
-@attrs.frozen(slots=True)
-class _AxisRequest:
-    """One axis of a realize call, as this rank needs it."""
+    Every rank calls ``realize`` with the same mesh, in the same order (SPMD); ranks
+    outside the mesh get a :class:`RealizedMesh` with ``coordinate is None`` and no
+    groups. A call that creates nothing (every axis realized before in this thread, or
+    served by the default group) is a local lookup: no store request, no peer. A call
+    that creates groups first agrees with every rank, so ranks that disagree raise
+    instead of hanging. If no default process group exists, one is initialized from
+    the torchrun environment: with ``backend`` when it is a single string, else NCCL
+    with a bound device when CUDA is available and gloo otherwise.
 
-    mesh: Mesh
-    name: str
-    layout: Layout
-    member: bool
-    """This rank is in the mesh (so it has a group along the axis)."""
-    backend: str
-    options: object
-    options_id: int
-    explicit: bool
-    """The backend was named for this axis (per-axis mapping), not inherited."""
+    Args:
+        mesh: the mesh to realize.
+        backend: ``None`` (the default group's backend), a backend string such as
+            ``"gloo"``, ``"nccl"`` or ``"cpu:gloo,cuda:nccl"``, or a mapping from axis
+            name to backend for per-axis overrides.
+        options: backend options (e.g. ``ProcessGroupNCCL.Options``), global or as a
+            mapping from axis name to options.
+        timeout: how long group creation and the cross-rank agreement may wait for
+            peers (default: torch's backend timeout for creation, 5 minutes for the
+            agreement). Groups fmesh creates keep it as their collective timeout.
+        check: agree with every rank even if the call creates nothing (debugging;
+            every rank must pass it for the same call). ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
+            does this for every call.
 
-    def members(self, rank: int) -> tuple[int, ...] | None:
-        """This rank's group in coordinate order (O(group size)); ``None`` off the mesh."""
-        return group(self.mesh, self.name, rank) if self.member else None
+    Returns:
+        A :class:`RealizedMesh`.
 
-    def is_world_in_rank_order(self, world_size: int) -> bool:
-        """The axis is every rank of the world in rank order (O(1), no group built)."""
-        m = self.mesh
-        return (
-            m.rank_map is None
-            and m.index_size == world_size
-            and self.layout.modes == ((world_size, 1),)
-        )
+    Raises:
+        MeshMismatchError: ranks disagree about this call, or about the calls made
+            since the last agreement; a rank never arrived within the timeout.
+        LaunchError: no process group and no usable torchrun environment.
+        MeshError: the mesh needs ranks the world does not have; an unknown backend;
+            a non-positive timeout.
+    """
+    if type(mesh) is not Mesh:
+        raise TypeError(f"realize() needs an fmesh.Mesh, got {type(mesh).__name__}")
+    if timeout is not None:
+        check_timeout(timeout, "realize")
+    stream_name = threading.current_thread().name
+    key = _call_key(mesh, backend, options)
+    if key is not None and not check and state.world is not None:
+        import torch.distributed as dist
 
-    @property
-    def key(self) -> Hashable:
-        """The memo key of the axis: the same on every rank that realizes it."""
-        m = self.mesh
-        return (self.layout, m.index_size, rank_map_key(m), self.backend, self.options_id)
+        with state.lock:
+            stream = state.streams.get(stream_name)
+            if stream is not None and not state.debug and state.world is dist.group.WORLD:
+                entry = stream.calls.get(key)
+                if entry is not None:
+                    realized: RealizedMesh = entry[0]
+                    code, summary = entry[1], entry[2]
+                    stream.hit(code, summary)
+                    state.reused += mesh.ndim
+                    return realized
+    return _realize(mesh, backend, options, timeout, check, stream_name, key)
 
 
 def _per_axis(spec: object, mesh: Mesh, what: str) -> tuple[tuple[object, bool], ...]:
@@ -135,60 +153,24 @@ def _check_world(mesh: Mesh, world: int) -> None:
         )
 
 
-def realize(
-    mesh: Mesh,
-    *,
-    backend: str | Mapping[str, str | None] | None = None,
-    options: BackendOptions | Mapping[str, BackendOptions | None] | None = None,
-    timeout: datetime.timedelta | None = None,
-) -> RealizedMesh:
-    """Create (or reuse) the process groups the calling rank needs for ``mesh``.
-
-    Every rank calls ``realize`` with the same mesh, in the same order (SPMD); ranks
-    outside the mesh get a :class:`RealizedMesh` with ``coordinate is None`` and no
-    groups. If no default process group exists, one is initialized from the
-    torchrun environment: with ``backend`` when it is a single string, else NCCL with
-    a bound device when CUDA is available and gloo otherwise.
-
-    Args:
-        mesh: the mesh to realize.
-        backend: ``None`` (the default group's backend), a backend string such as
-            ``"gloo"``, ``"nccl"`` or ``"cpu:gloo,cuda:nccl"``, or a mapping from axis
-            name to backend for per-axis overrides.
-        options: backend options (e.g. ``ProcessGroupNCCL.Options``), global or as a
-            mapping from axis name to options.
-        timeout: how long group creation and the cross-rank agreement may wait for
-            peers (default: torch's backend timeout for creation, 5 minutes for the
-            agreement). Groups fmesh creates keep it as their collective timeout.
-
-    Returns:
-        A :class:`RealizedMesh`.
-
-    Raises:
-        MeshMismatchError: ranks disagree about the mesh (instead of a hang).
-        LaunchError: no process group and no usable torchrun environment.
-        MeshError: the mesh needs ranks the world does not have; an unknown backend;
-            a non-positive timeout.
-    """
-
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"realize() needs an fmesh.Mesh, got {type(mesh).__name__}")
-    timeout = check_timeout(timeout, "realize")
-    backends_in = _per_axis(backend, mesh, "backend")
-    for b, _ in backends_in:
-        if b is not None:
-            check_backend(b, "realize(backend=...)")
-    options_in = _per_axis(options, mesh, "options")
-
+def _world(backend: object) -> World:
+    """The default group (started from the torchrun environment if needed); the memo
+    is reset when it changed."""
     import torch.distributed as dist
 
-    start = time.perf_counter()
     with _init_lock:
         ensure_default_group(backend if isinstance(backend, str) else None)
     world_pg = dist.group.WORLD
     assert world_pg is not None
     world_backend = str(dist.get_backend())
-    world = _World(
+    with state.lock:
+        if state.world is not world_pg:
+            if state.world is not None:
+                logger.info("fmesh: the default process group changed; memo reset")
+            state.reset()
+            state.world = world_pg
+        state.debug = debug_detail()
+    return World(
         pg=world_pg,
         size=dist.get_world_size(),
         rank=dist.get_rank(),
@@ -196,22 +178,39 @@ def realize(
         fake=world_backend == "fake",
         eager=getattr(world_pg, "bound_device_id", None) is not None,
     )
+
+
+def _realize(
+    mesh: Mesh,
+    backend: object,
+    options: object,
+    timeout: datetime.timedelta | None,
+    check: bool,
+    stream_name: str,
+    key: Hashable | None,
+) -> RealizedMesh:
+    """Everything but a repeated hit: validate, decide, agree, create."""
+    backends_in = _per_axis(backend, mesh, "backend")
+    for b, _ in backends_in:
+        if b is not None:
+            check_backend(b, "realize(backend=...)")
+    options_in = _per_axis(options, mesh, "options")
+    start = time.perf_counter()
+    world = _world(backend)
     _check_world(mesh, world.size)
     me = world.rank
     coord = coordinate(mesh, me)
     with state.lock:
-        if state.world is not world_pg:
-            if state.world is not None:
-                logger.info("fmesh: the default process group changed; memo reset")
-            state.reset()
-            state.world = world_pg
+        stream: Stream[RealizedMesh] = state.streams.setdefault(
+            stream_name, Stream(stream_name)
+        )
         requests = tuple(
-            _AxisRequest(
+            AxisRequest(
                 mesh=mesh,
                 name=name,
                 layout=layout,
                 member=coord is not None,
-                backend=world_backend if b is None else str(b),
+                backend=world.backend if b is None else str(b),
                 options=o,
                 options_id=state.options_ordinal(o),
                 explicit=named,
@@ -220,38 +219,61 @@ def realize(
                 mesh.axis_names, mesh.axes, backends_in, options_in
             )
         )
-        cached = all(r.key in state.axis_memo for r in requests)
+        code = call_code(
+            mesh.axis_names,
+            tuple(layout.modes for layout in mesh.axes),
+            mesh.index_size,
+            rank_map_key(mesh),
+            tuple(r.backend for r in requests),
+            tuple(r.options_id for r in requests),
+        )
+        summary = _summary(mesh, requests)
+        hit = all(r.key in stream.known or r.served_by_world(world) for r in requests)
+        agrees = not hit or check or state.debug
+        number, history, history_text = stream.number() if agrees else (0, 0, "")
+        generation = state.generation
 
     ticket: _agree.Ticket | None = None
-    if not world.fake and world.size > 1:
+    if agrees and not world.fake and world.size > 1:
         from ._c10d import default_store
 
-        # Every rank of the world, every call (no lock held while waiting). A call
-        # that creates nothing publishes without waiting for the others.
+        where = f"realize call #{number} of thread {stream_name!r}"
         ticket = _agree.agree(
             default_store(),
             rank=me,
-            world=world.size,
-            digest=digest(
-                mesh.axis_names,
-                tuple(layout.modes for layout in mesh.axes),
-                mesh.index_size,
-                rank_map_key(mesh),
-                tuple(r.backend for r in requests),
-                tuple(r.options_id for r in requests),
-            ),
-            summary=f"{mesh!r} with backends {dict((r.name, r.backend) for r in requests)}",
+            ranks=range(world.size),
+            code=combine(history, code),
+            record=lambda: _agree.Record(me, combine(history, code), summary, history_text),
             timeout=timeout or DEFAULT_CHECK_TIMEOUT,
-            blocking=not cached,
+            prefix=(
+                f"{_agree.KEY_ROOT}{generation}/"
+                f"{urllib.parse.quote(stream_name, safe='')}/{number}/"
+            ),
+            where=where,
         )
 
     groups: dict[str, ProcessGroup] = {}
     created = 0
     for request in requests:
-        pg, made = _axis_group(request, world, timeout, ticket)
+        pg, made = axis_group(request, world, timeout, ticket)
         created += made
         if pg is not None:
             groups[request.name] = pg
+    realized = RealizedMesh(
+        mesh=mesh,
+        rank=me,
+        coordinate=coord,
+        groups=types.MappingProxyType(groups),
+        created=created,
+    )
+    with state.lock:
+        if state.generation == generation:
+            stream.known.update(r.key for r in requests)
+            if key is not None:
+                hit_value = realized if created == 0 else _as_hit(realized)
+                stream.calls[key] = (hit_value, code, summary)
+            if not agrees:
+                stream.hit(code, summary)
     note_realized(mesh, groups)
     logger.info(
         "fmesh.realize %r on rank %d: %d groups created, %d from memo, %.1f ms",
@@ -261,195 +283,26 @@ def realize(
         len(groups) - created,
         (time.perf_counter() - start) * 1e3,
     )
+    return realized
+
+
+def _as_hit(realized: RealizedMesh) -> RealizedMesh:
+    """The value a later hit of the same call returns (it creates nothing)."""
     return RealizedMesh(
-        mesh=mesh,
-        rank=me,
-        coordinate=coord,
-        groups=types.MappingProxyType(groups),
-        created=created,
+        mesh=realized.mesh,
+        rank=realized.rank,
+        coordinate=realized.coordinate,
+        groups=realized.groups,
+        created=0,
     )
 
 
-# -- one axis ------------------------------------------------------------------------------
-
-
-def _axis_group(
-    request: _AxisRequest,
-    world: _World,
-    timeout: datetime.timedelta | None,
-    ticket: _agree.Ticket | None,
-) -> tuple[ProcessGroup | None, int]:
-    """This rank's group along one axis, from the memo or newly created."""
-
-    def lookup() -> tuple[ProcessGroup | None, int] | None:
-        if request.key not in state.axis_memo:
-            return None
-        state.reused += 1
-        return state.axis_memo[request.key], 0
-
-    return state.once(
-        ("axis", request.key),
-        lookup,
-        lambda: _create(request, world, timeout, ticket),
-        lambda value: _store(request, value),
-    )
-
-
-def _store(request: _AxisRequest, value: tuple[ProcessGroup | None, int]) -> None:
-    pg, made = value
-    state.axis_memo[request.key] = pg
-    if made:
-        assert pg is not None and request.member
-        state.created_pgs.append(pg)
-        state.created += 1
+def _summary(mesh: Mesh, requests: tuple[AxisRequest, ...]) -> str:
+    backends = {r.backend for r in requests}
+    if len(backends) == 1:
+        text = f"{mesh!r} on {backends.pop()}"
     else:
-        state.reused += 1
-
-
-def _size_one_backend(request: _AxisRequest, world: _World) -> tuple[str, object, int]:
-    """A size-1 axis needs no communicator: a one-member gloo (fake) group, unless
-    the user named a backend for this very axis."""
-    if request.layout.size > 1 or request.explicit:
-        return request.backend, request.options, request.options_id
-    return ("fake" if world.fake else "gloo"), None, 0
-
-
-def _create(
-    request: _AxisRequest,
-    world: _World,
-    timeout: datetime.timedelta | None,
-    ticket: _agree.Ticket | None,
-) -> tuple[ProcessGroup | None, int]:
-    """Make (or find) the group; returns (group, 1 if created else 0)."""
-    from ._c10d import default_timeout
-
-    backend, options, options_id = _size_one_backend(request, world)
-    if (
-        request.member
-        and options is None
-        and backend == world.backend
-        and request.is_world_in_rank_order(world.size)
-    ):
-        # The whole world in rank order is the default group: no second communicator.
-        # Every rank is a member, so every rank decides this alike (no collective).
-        return world.pg, 0
-    members = request.members(world.rank)
-    # With an eagerly initialized NCCL world, torch makes every NCCL group by
-    # splitting the world communicator, a collective over all ranks; other axes
-    # are made by their members alone.
-    world_collective = (
-        world.eager and "nccl" in backend and request.layout.size > 1 and not world.fake
-    )
-    group_key = (members, backend, options_id)
-    if members is not None and not world_collective:
-        with state.lock:
-            pg = state.group_memo.get(group_key)
-        if pg is not None:
-            return pg, 0
-    desc = f"fmesh:{request.name}"
-    wait = timeout if timeout is not None else default_timeout(backend)
-    if world_collective:
-        pg = _split(request, world, backend, options, options_id, timeout, wait, desc)
-    elif members is not None:
-        pg = _new_group(
-            request.name, members, world.rank, backend, options, options_id, wait, desc, ticket
-        )
-    else:
-        pg = None
-    if pg is None or members is None:
-        return None, 0
-    with state.lock:
-        state.group_memo[group_key] = pg
-    logger.debug(
-        "fmesh: created group %s of %d ranks %s (%s)",
-        desc,
-        len(members),
-        list(members) if len(members) <= 16 else f"[{members[0]}, ..., {members[-1]}]",
-        backend,
-    )
-    return pg, 1
-
-
-def _group_name(ranks: tuple[int, ...], backend: str, options_id: int) -> str:
-    return f"fmesh_g{state.generation}_{digest(ranks, backend, options_id)[:20]}"
-
-
-def _new_group(
-    axis: str,
-    ranks: tuple[int, ...],
-    me: int,
-    backend: str,
-    options: object,
-    options_id: int,
-    timeout: datetime.timedelta,
-    desc: str,
-    ticket: _agree.Ticket | None,
-) -> ProcessGroup | None:
-    """Create one group with ranks in coordinate order, explaining failures."""
-    from ._c10d import default_store, new_named_group
-
-    name = _group_name(ranks, backend, options_id)
-    # Its own store connection: the rendezvous waits in the store, and a store client
-    # serializes its operations, so threads sharing one would wait on each other.
-    store = None if ticket is None else _agree.thread_store(default_store())
-    try:
-        return new_named_group(ranks, me, backend, options, timeout, name, desc, store)
-    except Exception as err:  # a peer that never joins shows up as a store timeout
-        if ticket is None:
-            raise
-        _agree.abort(ticket, f"it could not create the group {list(ranks)}: {err}")
-        gave_up = _peer_failures(ticket, ranks, me, grace=min(timeout.total_seconds(), 5.0))
-        others = [r for r in ranks if r != me]
-        why = (
-            "; ".join(f"rank {r} gave up: {m}" for r, m in sorted(gave_up.items()))
-            if gave_up
-            else f"no other member reported a failure, so one of ranks {others} died or "
-            "is stuck"
-        )
-        raise MeshMismatchError(
-            f"creating the group {list(ranks)} of axis {axis!r} failed on rank {me} after "
-            f"every rank agreed on {ticket.where} ({ticket.summary}): {why} "
-            f"(torch said: {err})"
-        ) from err
-
-
-def _peer_failures(
-    ticket: _agree.Ticket, ranks: tuple[int, ...], me: int, grace: float
-) -> dict[int, str]:
-    """Why other members of ``ranks`` gave up on this call, waiting up to ``grace``
-    seconds for a first report (a peer's own timeout can end a moment after ours)."""
-    deadline = time.monotonic() + grace
-    while True:
-        reports = _agree.failures(ticket)
-        found = {r: why for r, why in reports.items() if r != me and r in ranks}
-        if found or time.monotonic() >= deadline:
-            return found
-        time.sleep(0.1)
-
-
-def _split(
-    request: _AxisRequest,
-    world: _World,
-    backend: str,
-    options: object,
-    options_id: int,
-    timeout: datetime.timedelta | None,
-    wait: datetime.timedelta,
-    desc: str,
-) -> ProcessGroup | None:
-    """World-collective creation from the eagerly initialized NCCL world group.
-
-    Every rank of the world calls this once per axis (non-members pass a group they
-    are not in, which makes them take part in the split without joining).
-    """
-    from ._c10d import new_named_group, split_from_world
-
-    mesh = request.mesh
-    some = request.members(world.rank) or group(mesh, request.name, rank_of(mesh, 0))
-    increasing = mesh.rank_map is None or rank_map_info(mesh.rank_map).is_increasing
-    if request.layout.is_ascending and increasing:
-        return split_from_world(some, backend, options, timeout, desc)
-    # split_group sorts ranks; keep coordinate order with torch's own split-from-world
-    # constructor, which every rank of the world enters once.
-    name = _group_name(some, backend, options_id)
-    return new_named_group(some, world.rank, backend, options, wait, name, desc, None)
+        text = f"{mesh!r} with backends {dict((r.name, r.backend) for r in requests)}"
+    if any(r.options_id for r in requests):
+        text += f" and options #{[r.options_id for r in requests]}"
+    return text

@@ -1,27 +1,34 @@
-"""The agreement protocol of ``fmesh/_agree.py`` on real processes and a real TCPStore.
+"""The agreement protocol of ``fmesh/_agree.py`` on a real TCPStore.
 
-Each job runs in fresh processes (``run_spawn``) that connect to the job's TCPStore as
-plain clients, without any process group, and play one scenario: agreement, a rank
-that disagrees, a memoized (non-blocking) rank that disagrees, a rank that dies, two
-threads per rank, a wait while other work goes on. What every rank saw (outcome,
-message, elapsed seconds, store keys) comes back to the parent, which checks it
-against what the scenario implies. Store keys are counted with the store's own
-``list_keys``, independently of ``count_keys``.
+Two kinds of jobs:
+
+* real processes (``run_spawn``), each a plain client of the job's TCPStore with no
+  process group, for what crosses process boundaries: request counts per rank, a rank
+  that disagrees, a rank that never comes, a late rank;
+* ranks played by threads of this process, each with its own client, for the races
+  that need a precise interleaving (a timeout racing the last arrival), forced with a
+  store wrapper that parks a chosen request until a chosen moment.
+
+Requests are counted by ``bench.counting.CountingStore`` as they go on the wire (a
+``get`` is two), and leftover keys with the store's own ``list_keys``.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
 import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from _dist import Job, run_spawn
 
+from bench.counting import CountingStore
 from fmesh import MeshMismatchError, _agree
 
 if TYPE_CHECKING:
@@ -29,509 +36,329 @@ if TYPE_CHECKING:
 
 LONG = datetime.timedelta(seconds=60)
 """A timeout no healthy scenario gets near: failures must surface long before it."""
-SURFACE = 15.0
-"""Generous bound on the seconds a mismatch may take to reach a rank."""
-MIN_OPS_PER_CALL = 6
-"""Store operations of one agreed call on every rank: compare_set, append, add, wait,
-get, add (read)."""
-MAX_OPS_PER_CALL = MIN_OPS_PER_CALL + 1 + 5
-"""... plus, on one rank, the last arrival's compare_set of done, and on one rank, the
-last reader's five deletes. A constant, whatever the world size."""
+SURFACE = 10.0
+"""Bound on the seconds a mismatch may take to reach every rank."""
 
 
-# -- worker side --------------------------------------------------------------------------
-
-
-def _tcp_store(host: str, port: int, *, is_master: bool) -> Store:
-    """A TCPStore (public, but torch's stubs re-export it implicitly only)."""
+def _tcp(port: int = 0, *, master: bool = False) -> Any:
     import torch.distributed as dist
 
     tcp: Any = dist.TCPStore  # type: ignore[attr-defined]  # implicit re-export
-    return cast("Store", tcp(host, port, 1, is_master=is_master, wait_for_workers=False))
+    return tcp("127.0.0.1", port, 1, is_master=master, wait_for_workers=False)
 
 
-def _connect() -> Store:
-    return _tcp_store(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False
+def _record(rank: int, code: int, summary: str, history: str = "") -> Callable[[], Any]:
+    return lambda: _agree.Record(rank, code, summary, history)
+
+
+def _agree_call(
+    store: Any,
+    rank: int,
+    world: int,
+    code: int,
+    call: int,
+    *,
+    summary: str | None = None,
+    history: str = "",
+    timeout: datetime.timedelta = LONG,
+    stream: str = "s",
+) -> _agree.Ticket:
+    text = summary if summary is not None else f"mesh#{code}"
+    return _agree.agree(
+        cast("Store", store),
+        rank=rank,
+        ranks=range(world),
+        code=code,
+        record=_record(rank, code, text, history),
+        timeout=timeout,
+        prefix=f"{_agree.KEY_ROOT}t/{stream}/{call}/",
+        where=f"call #{call} of {stream!r}",
     )
 
 
-def _barrier(store: Store, name: str, ranks: range | tuple[int, ...], me: int) -> None:
-    store.set(f"test/{name}/{me}", "1")
-    store.wait([f"test/{name}/{r}" for r in ranks], LONG)
-
-
-def _fmesh_keys(store: Store) -> int:
-    """Keys of the agreement protocol, counted by the store itself."""
-    return sum(1 for key in store.list_keys() if key.startswith("fmesh/"))
-
-
-def _attempt(fn: Any) -> dict[str, Any]:
-    """Run ``fn``; report whether it raised MeshMismatchError, its message, the time."""
+def _attempt(fn: Callable[[], object]) -> dict[str, Any]:
     start = time.monotonic()
     try:
-        value = fn()
+        fn()
     except MeshMismatchError as err:
         return {"error": True, "message": str(err), "elapsed": time.monotonic() - start}
-    # A Ticket holds its store, which does not pickle; report plain values only.
-    plain = value if isinstance(value, int | str) else None
-    return {"error": False, "value": plain, "elapsed": time.monotonic() - start}
+    return {"error": False, "elapsed": time.monotonic() - start}
 
 
-class _Counting:
-    """A store that counts the operations made on it and on its clones."""
-
-    def __init__(self, inner: Any, counter: list[int]) -> None:
-        self.inner = inner
-        self.counter = counter
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self.inner, name)
-
-        def counted(*args: Any) -> Any:
-            self.counter[0] += 1
-            result = method(*args)
-            return _Counting(result, self.counter) if name == "clone" else result
-
-        return counted
+def _barrier(store: Any, name: str, world: int, me: int) -> None:
+    store.set(f"test/{name}/{me}", "1")
+    store.wait([f"test/{name}/{r}" for r in range(world)], LONG)
 
 
-def ok_job(rank: int, world: int) -> dict[str, Any]:
-    store = _connect()
-    counter = [0]
-    counting = cast("Store", _Counting(store, counter))
-    _barrier(store, "start", range(world), rank)
-    calls = []
-    for k in range(1, 4):
-        ticket = _agree.agree(
-            counting, rank=rank, world=world, digest=f"d{k}", summary=f"mesh {k}", timeout=LONG
-        )
-        calls.append((ticket.stream, ticket.call, ticket.prefix))
-    ops = counter[0]
-    _barrier(store, "agreed", range(world), rank)
-    out: dict[str, Any] = {
-        "calls": calls,
-        "ops": ops,
-        "keys_after": _fmesh_keys(store),
-        "count_keys_after": _agree.count_keys(store),
-    }
-    _barrier(store, "counted", range(world), rank)
-    # After agreement: the last rank's group creation fails; rank 0 reads why.
-    if rank == world - 1:
-        _agree.abort(ticket, "creating group [0, 1] failed here: boom")
-    if rank == 0:
-        out["failures"] = _agree.failures(ticket, wait=30.0)
-    _barrier(store, "aborted", range(world), rank)
-    out["keys_after_abort"] = _fmesh_keys(store)
-    return out
+def _client() -> Any:
+    return _tcp(int(os.environ["MASTER_PORT"]))
 
 
-def mismatch_job(rank: int, world: int, odd: int) -> dict[str, Any]:
-    """Rank ``odd`` realizes mesh B, a second after the others published mesh A."""
-    store = _connect()
-    _barrier(store, "start", range(world), rank)
+# -- process jobs ---------------------------------------------------------------------------
+
+
+def ok_job(rank: int, world: int, calls: int) -> dict[str, Any]:
+    """``calls`` agreed calls in a row; the requests each one cost this rank."""
+    raw = _client()
+    store = CountingStore(raw)
+    per_call = []
+    for call in range(1, calls + 1):
+        before = store.snapshot().get("agree", 0)
+        _agree_call(store, rank, world, code=42, call=call)
+        per_call.append(store.snapshot().get("agree", 0) - before)
+    _barrier(raw, "done", world, rank)
+    left = _agree.count_keys(raw) if rank == 0 else 0
+    return {"per_call": per_call, "left": left}
+
+
+def mismatch_job(rank: int, world: int, odd: int, history_only: bool) -> dict[str, Any]:
+    """Rank ``odd`` publishes another code: another mesh, or the same mesh after other
+    memo hits."""
+    raw = _client()
+    if history_only:
+        summary, history = "Mesh(a=4)", ("2 memoized calls" if rank == odd else "")
+    else:
+        summary, history = ("Mesh(odd=4)" if rank == odd else "Mesh(a=4)"), ""
+    code = 7 if rank == odd else 5
     if rank == odd:
-        time.sleep(1.0)
-    digest = "B" if rank == odd else "A"
+        time.sleep(0.3 if odd else 0.0)  # rank 0 is odd and first, or others are first
     out = _attempt(
-        lambda: _agree.agree(
-            store,
-            rank=rank,
-            world=world,
-            digest=digest,
-            summary=f"mesh {digest}",
-            timeout=LONG,
-        )
+        lambda: _agree_call(raw, rank, world, code, 1, summary=summary, history=history)
     )
-    _barrier(store, "end", range(world), rank)
-    out["keys"] = _fmesh_keys(store)
+    _barrier(raw, "done", world, rank)
+    out["left"] = _agree.count_keys(raw) if rank == 0 else 0
     return out
 
 
-def memo_job(rank: int, world: int, memo_first: bool) -> dict[str, Any]:
-    """Call 1: everyone A. Call 2: rank 0 A without blocking (memoized), others B."""
-    store = _connect()
-    _barrier(store, "start", range(world), rank)
-    a = _agree.agree(store, rank=rank, world=world, digest="A", summary="mesh A", timeout=LONG)
-    out: dict[str, Any] = {"call1": a.call}
-    _barrier(store, "call1", range(world), rank)
-    if (rank == 0) != memo_first:
-        time.sleep(1.0)  # let the other side publish first
-    if rank == 0:
-        out["call2"] = _attempt(
-            lambda: (
-                _agree.agree(
-                    store,
-                    rank=0,
-                    world=world,
-                    digest="A",
-                    summary="mesh A",
-                    timeout=LONG,
-                    blocking=False,
-                ).call
-            )
-        )
-    else:
-        out["call2"] = _attempt(
-            lambda: _agree.agree(
-                store, rank=rank, world=world, digest="B", summary="mesh B", timeout=LONG
-            )
-        )
-    _barrier(store, "call2", range(world), rank)
-    if rank == 0 and not out["call2"]["error"]:
-        out["keys_pending"] = _fmesh_keys(store)
-        # The next call notices the abort without publishing (a short timeout makes a
-        # wrong implementation, which would wait for peers, fail with a timeout).
-        out["call3"] = _attempt(
-            lambda: _agree.agree(
-                store,
-                rank=0,
-                world=world,
-                digest="C",
-                summary="mesh C",
-                timeout=datetime.timedelta(seconds=3),
-            )
-        )
-        out["next_number"] = _agree.next_call("MainThread")
-    _barrier(store, "end", range(world), rank)
-    out["keys"] = _fmesh_keys(store)
+def missing_job(rank: int, world: int, late: int, timeout_s: float) -> dict[str, Any]:
+    """Rank ``late`` comes only after the others gave up; the who list is read once."""
+    raw = _client()
+    store = CountingStore(raw)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if rank == late:
+        raw.wait(["test/gave-up"], LONG)
+    out = _attempt(lambda: _agree_call(store, rank, world, 3, 1, timeout=timeout))
+    if rank != late and raw.add("test/gave-up-count", 1) == world - 1:
+        raw.set("test/gave-up", "1")
+    out["who_reads"] = store.key_reads("/who")
+    _barrier(raw, "done", world, rank)
+    out["left"] = _agree.count_keys(raw) if rank == 0 else 0
     return out
-
-
-def death_job(rank: int, world: int, dead: int, timeout_s: float) -> dict[str, Any]:
-    """Call 1: everyone. Then rank ``dead`` exits; the others start call 2."""
-    store = _connect()
-    _barrier(store, "start", range(world), rank)
-    _agree.agree(store, rank=rank, world=world, digest="A", summary="mesh A", timeout=LONG)
-    _barrier(store, "call1", range(world), rank)
-    if rank == dead:
-        time.sleep(0.5)  # the others are waiting in call 2 by now
-        os._exit(3)
-    out = _attempt(
-        lambda: _agree.agree(
-            store,
-            rank=rank,
-            world=world,
-            digest="A",
-            summary="mesh A",
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
-    )
-    alive = tuple(r for r in range(world) if r != dead)
-    _barrier(store, "end", alive, rank)
-    out["keys"] = _fmesh_keys(store)
-    out["count_keys"] = _agree.count_keys(store)
-    return out
-
-
-def threads_job(rank: int, world: int) -> dict[str, Any]:
-    """Two named threads per rank, each with its own stream, started in opposite
-    orders on even and odd ranks; every call blocks until all ranks agree."""
-    store = _connect()
-    _barrier(store, "start", range(world), rank)
-    results: dict[str, Any] = {}
-
-    def run(stream: str) -> None:
-        calls: list[tuple[str, int | str]] = []
-        try:
-            for k in range(1, 4):
-                ticket = _agree.agree(
-                    store,
-                    rank=rank,
-                    world=world,
-                    digest=f"{stream}{k}",
-                    summary=f"mesh {stream}{k}",
-                    timeout=datetime.timedelta(seconds=30),
-                )
-                calls.append((ticket.stream, ticket.call))
-        except MeshMismatchError as err:
-            calls.append(("error", str(err)))
-        results[stream] = calls
-
-    order = ("alpha", "beta") if rank % 2 == 0 else ("beta", "alpha")
-    threads = [threading.Thread(target=run, args=(s,), name=s) for s in order]
-    threads[0].start()
-    time.sleep(0.5)  # the first thread is waiting for its peers' first thread by now
-    threads[1].start()
-    for t in threads:
-        t.join(60)
-    _barrier(store, "end", range(world), rank)
-    return {"results": results, "keys": _fmesh_keys(store)}
-
-
-def busy_job(rank: int, world: int) -> dict[str, Any]:
-    """Rank 1 joins stream "slow" 3 s late; meanwhile rank 0's main thread agrees on
-    stream "fast" with it and uses the module, while its thread "slow" waits."""
-    store = _connect()
-    _barrier(store, "start", range(world), rank)
-    slow: dict[str, Any] = {}
-
-    def run_slow() -> None:
-        slow.update(
-            _attempt(
-                lambda: _agree.agree(
-                    store,
-                    rank=rank,
-                    world=world,
-                    digest="S",
-                    summary="mesh S",
-                    timeout=LONG,
-                    stream="slow",
-                )
-            )
-        )
-
-    out: dict[str, Any] = {}
-    if rank == 0:
-        thread = threading.Thread(target=run_slow)
-        thread.start()
-        time.sleep(0.5)
-        start = time.monotonic()
-        _agree.agree(
-            store,
-            rank=rank,
-            world=world,
-            digest="F",
-            summary="mesh F",
-            timeout=LONG,
-            stream="fast",
-        )
-        _agree.confirm_pending()
-        out["other_numbers"] = (_agree.next_call("other"), _agree.next_call("other"))
-        out["busy_elapsed"] = time.monotonic() - start
-        out["slow_still_waiting"] = thread.is_alive()
-        thread.join(60)
-    else:
-        _agree.agree(
-            store,
-            rank=rank,
-            world=world,
-            digest="F",
-            summary="mesh F",
-            timeout=LONG,
-            stream="fast",
-        )
-        time.sleep(3.0)
-        run_slow()
-    out["slow"] = slow
-    return out
-
-
-# -- parent side ----------------------------------------------------------------------------
 
 
 def _values(job: Job) -> list[dict[str, Any]]:
-    values = job.values()
-    return cast("list[dict[str, Any]]", values)
+    return cast("list[dict[str, Any]]", job.values())
 
 
-def test_agreement_is_constant_round_trips_and_cleans_up(tmp_path: Path) -> None:
-    world = 8
-    outs = _values(run_spawn(ok_job, world, tmp_path=tmp_path, timeout=90))
-    for out in outs:
-        assert [c[:2] for c in out["calls"]] == [("MainThread", k) for k in (1, 2, 3)]
-        assert out["calls"][0][2] != out["calls"][1][2]
-        # The main thread uses the store itself (no clone): at most MAX_OPS_PER_CALL
-        # per call, whatever the world size.
-        assert 3 * MIN_OPS_PER_CALL <= out["ops"] <= 3 * MAX_OPS_PER_CALL
-        assert out["keys_after"] == 0
-        assert out["count_keys_after"] == 0
-    # Exactly one rank removed each call's keys (five deletes) and set done.
-    assert sum(out["ops"] - 3 * MIN_OPS_PER_CALL for out in outs) == 3 * (1 + 5)
-    assert outs[0]["failures"] == {world - 1: "creating group [0, 1] failed here: boom"}
-    # The failure record of an agreed call stays (one key).
-    assert {out["keys_after_abort"] for out in outs} == {1}
+def _store_port() -> tuple[Any, int]:
+    master = _tcp(master=True)
+    return master, int(master.port)
 
 
-@pytest.mark.parametrize("odd", [3, 0])
-def test_one_rank_different_every_rank_raises(tmp_path: Path, odd: int) -> None:
-    world = 4
-    outs = _values(run_spawn(mismatch_job, world, odd, tmp_path=tmp_path, timeout=90))
-    others = "|".join(str(r) for r in range(world) if r != odd)
-    detected = re.compile(
-        rf"ranks {odd} and ({others}) disagree at realize call #1 of thread 'MainThread': "
-        rf"rank {odd} realizes mesh B, rank \1 realizes mesh A\. Every rank must call"
-    )
-    first = detected.match(outs[odd]["message"])
-    assert first is not None, outs[odd]
+# -- process tests --------------------------------------------------------------------------
+
+
+def test_an_agreed_call_costs_torchs_barrier_and_leaves_no_keys(tmp_path: Path) -> None:
+    world, calls = 8, 5
+    outs = _values(run_spawn(ok_job, world, calls, tmp_path=tmp_path, timeout=60))
+    for call in range(calls):
+        per_rank = [out["per_call"][call] for out in outs]
+        # add + wait + add on most ranks; the last arrival skips the wait and deletes
+        # the sum; the last reader deletes the done key.
+        assert max(per_rank) <= 4, per_rank
+        assert sum(per_rank) == 3 * world + 1, per_rank
+    assert outs[0]["left"] == 0, outs[0]
+
+
+@pytest.mark.parametrize("odd", [0, 3], ids=["odd-rank-first", "odd-rank-later"])
+def test_one_rank_different_every_rank_raises_naming_both(tmp_path: Path, odd: int) -> None:
+    outs = _values(run_spawn(mismatch_job, 4, odd, False, tmp_path=tmp_path, timeout=60))
     for rank, out in enumerate(outs):
-        assert out["error"], out
-        assert out["elapsed"] < SURFACE, out
-        if rank != odd:
-            assert out["message"].startswith(
-                f"rank {rank} stopped at realize call #1 of thread 'MainThread' (mesh A) "
-                f"because {first.group(0)}"
-            ), out["message"]
-        assert out["keys"] == 0
-
-
-@pytest.mark.parametrize("memo_first", [True, False], ids=["memo-first", "memo-later"])
-def test_memoized_rank_that_disagrees(tmp_path: Path, memo_first: bool) -> None:
-    world = 4
-    outs = _values(run_spawn(memo_job, world, memo_first, tmp_path=tmp_path, timeout=90))
-    assert [out["call1"] for out in outs] == [1] * world
-    zero = outs[0]
-    if memo_first:
-        # Rank 0 published first and does not wait: its call returns; each other rank
-        # compares with rank 0's record and raises at once.
-        assert zero["call2"] == {
-            "error": False,
-            "value": 2,
-            "elapsed": zero["call2"]["elapsed"],
-        }
-        assert zero["keys_pending"] > 0  # rank 0 has not read the outcome yet
-        for rank in range(1, world):
-            message = outs[rank]["call2"]["message"]
-            assert message.startswith(
-                f"ranks {rank} and 0 disagree at realize call #2 of thread 'MainThread': "
-                f"rank {rank} realizes mesh B, rank 0 realizes mesh A."
-            ), message
-            assert outs[rank]["call2"]["elapsed"] < SURFACE
-        # Rank 0 raises at its next call, without waiting and without numbering it.
-        call3 = zero["call3"]
-        assert call3["error"]
-        assert call3["elapsed"] < 2.0, call3
-        assert re.match(
-            r"rank 0 stopped at realize call #2 of thread 'MainThread' \(mesh A\) because "
-            r"ranks ([123]) and 0 disagree at realize call #2 of thread 'MainThread': "
-            r"rank \1 realizes mesh B, rank 0 realizes mesh A\.",
-            call3["message"],
-        ), call3["message"]
-        assert zero["next_number"] == 3
-    else:
-        # The others published B first: rank 0 sees it at once and aborts the call.
-        call2 = zero["call2"]
-        assert call2["error"]
-        detected = re.match(
-            r"ranks 0 and ([123]) disagree at realize call #2 of thread 'MainThread': "
-            r"rank 0 realizes mesh A, rank \1 realizes mesh B\.",
-            call2["message"],
+        assert out["error"] and out["elapsed"] < SURFACE, (rank, out)
+        assert "Mesh(odd=4)" in out["message"] and "Mesh(a=4)" in out["message"], out
+        assert re.search(
+            rf"ranks ({odd} and \d|\d and {odd}) disagree at call #1", out["message"]
         )
-        assert detected, call2["message"]
-        for rank in range(1, world):
-            out = outs[rank]["call2"]
-            assert out["error"]
-            assert out["elapsed"] < SURFACE
-            assert out["message"].startswith(
-                f"rank {rank} stopped at realize call #2 of thread 'MainThread' (mesh B) "
-                f"because {detected.group(0)}"
-            ), out["message"]
-    # Every rank read the outcome of every call: nothing is left behind.
-    assert [out["keys"] for out in outs] == [0] * world
+    assert outs[0]["left"] == 0, outs[0]
 
 
-def test_rank_that_dies_is_named(tmp_path: Path) -> None:
-    world, dead, timeout_s = 4, 2, 4.0
-    job = run_spawn(death_job, world, dead, timeout_s, tmp_path=tmp_path, timeout=90)
-    assert job.outcomes[dead].exitcode == 3
-    for rank in (0, 1, 3):
-        report = job.outcomes[rank]
-        assert report.ok, job.describe()
-        out = report.value
-        assert out["error"], out
-        assert timeout_s - 0.5 <= out["elapsed"] < timeout_s + SURFACE, out
-        assert re.match(
-            rf"rank {rank} stopped at realize call #2 of thread 'MainThread' \(mesh A\) "
-            rf"because ranks \[{dead}\] never reached realize call #2 of thread "
-            r"'MainThread' within 4s \(rank [013] waited, realizing mesh A\); they may have "
-            r"died, be stuck, skipped this call, or made it from a thread with another "
-            r"name\. Every rank must call fmesh\.realize\(\) the same number of times",
-            out["message"],
-        ), out["message"]
-        # The dead rank never read the outcome: the call's keys stay, and count_keys
-        # sees the same number as the store.
-        assert out["keys"] == out["count_keys"] == 5
-
-
-def test_two_threads_two_streams_any_interleaving(tmp_path: Path) -> None:
-    world = 4
-    outs = _values(run_spawn(threads_job, world, tmp_path=tmp_path, timeout=90))
+def test_same_mesh_after_other_hits_is_a_mismatch(tmp_path: Path) -> None:
+    outs = _values(run_spawn(mismatch_job, 4, 2, True, tmp_path=tmp_path, timeout=60))
     for out in outs:
-        assert out["results"] == {s: [(s, 1), (s, 2), (s, 3)] for s in ("alpha", "beta")}, out
-        assert out["keys"] == 0
+        assert out["error"] and out["elapsed"] < SURFACE, out
+        assert "both realize Mesh(a=4), but not after the same calls" in out["message"], out
+        assert "rank 2 made 2 memoized calls" in out["message"], out
+    assert outs[0]["left"] == 0, outs[0]
 
 
-def test_a_wait_holds_nothing(tmp_path: Path) -> None:
-    outs = _values(run_spawn(busy_job, 2, tmp_path=tmp_path, timeout=90))
-    zero = outs[0]
-    assert zero["slow_still_waiting"], zero
-    assert zero["busy_elapsed"] < 2.0, zero
-    assert zero["other_numbers"] == (1, 2)
-    assert [out["slow"]["error"] for out in outs] == [False, False], outs
-    assert zero["slow"]["elapsed"] > 2.0  # it really waited for rank 1
+def test_missing_rank_named_who_read_once_late_rank_raises(tmp_path: Path) -> None:
+    world, late, timeout_s = 4, 1, 2.0
+    outs = _values(
+        run_spawn(missing_job, world, late, timeout_s, tmp_path=tmp_path, timeout=60)
+    )
+    for rank, out in enumerate(outs):
+        assert out["error"], (rank, out)
+        if rank == late:
+            assert out["elapsed"] < SURFACE, out
+            assert (
+                f"rank {late} arrived after the other ranks gave up on call #1"
+                in out["message"]
+            )
+        else:
+            assert timeout_s - 0.2 < out["elapsed"] < timeout_s + SURFACE, out
+        assert f"ranks [{late}] never reached call #1 of 's' within 2s" in out["message"], out
+    # One rank (the coordinator) read the list of arrivals, once.
+    assert sum(out["who_reads"] for out in outs) == 1, outs
+    assert outs[0]["left"] == 0, outs[0]
 
 
-# -- in one process -------------------------------------------------------------------------
+# -- thread tests ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def store() -> Store:
-    _agree.reset()
-    return _tcp_store("127.0.0.1", 0, is_master=True)
+class Gate:
+    """Parks the ``nth`` request ``op`` on a key ending with ``suffix``."""
+
+    def __init__(self, op: str, suffix: str, nth: int = 1) -> None:
+        self.op, self.suffix, self.nth = op, suffix, nth
+        self.seen = 0
+        self.reached = threading.Event()
+        self.release = threading.Event()
 
 
-def test_world_of_one_touches_nothing(store: Store) -> None:
-    ticket = _agree.agree(store, rank=0, world=1, digest="x", summary="m", timeout=LONG)
-    assert (ticket.call, ticket.where) == (1, "realize call #1 of thread 'MainThread'")
-    assert store.list_keys() == []
+class OwnClient(CountingStore):
+    """The client of one thread-played rank: made in advance, never cloned (a clone
+    connects anew, which can stall when many connect at once)."""
+
+    def clone(self) -> CountingStore:
+        return self
 
 
-def test_numbering_per_stream_and_reset() -> None:
-    _agree.reset()
-    assert [_agree.next_call(s) for s in ("a", "b", "a", "a", "b")] == [1, 1, 2, 3, 2]
-    _agree.reset()
-    assert _agree.next_call("a") == 1
+class ParkingStore(OwnClient):
+    """A client that parks chosen requests until their gate is released."""
+
+    def __init__(self, inner: Any, *gates: Gate) -> None:
+        super().__init__(inner)
+        self.gates = gates
+
+    def _gate(self, op: str, key: str) -> None:
+        for gate in self.gates:
+            if gate.op == op and key.endswith(gate.suffix):
+                gate.seen += 1
+                if gate.seen == gate.nth:
+                    gate.reached.set()
+                    assert gate.release.wait(30)
+
+    def add(self, key: str, value: int) -> int:
+        self._gate("add", key)
+        return super().add(key, value)
+
+    def delete_key(self, key: str) -> bool:
+        self._gate("delete_key", key)
+        return super().delete_key(key)
 
 
-def test_stream_names_cannot_collide(store: Store) -> None:
-    # "s/1" call 2 and "s" call 1 must use different keys ("s/1/2/" vs "s/1/...").
-    common: dict[str, Any] = {"rank": 0, "world": 2, "timeout": LONG, "blocking": False}
-    t1 = _agree.agree(store, digest="x", summary="m", stream="s/1", call=2, **common)
-    t2 = _agree.agree(store, digest="y", summary="n", stream="s", call=1, **common)
-    assert not t2.prefix.startswith(t1.prefix) and not t1.prefix.startswith(t2.prefix)
+def _run_threads(targets: dict[int, Callable[[], object]]) -> dict[int, dict[str, Any]]:
+    results: dict[int, dict[str, Any]] = {}
+
+    def run(rank: int, fn: Callable[[], object]) -> None:
+        results[rank] = _attempt(fn)
+
+    threads = [
+        threading.Thread(target=run, args=item, name=f"rank{item[0]}")
+        for item in targets.items()
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return results
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"rank": 2, "world": 2}, r"agree\(\) needs 0 <= rank < world, got rank=2, world=2"),
-        ({"rank": -1, "world": 2}, r"got rank=-1"),
-        ({"digest": "a\nb"}, r"one-line, non-empty digest, got 'a\\nb'"),
-        ({"digest": ""}, r"non-empty digest, got ''"),
-    ],
-)
-def test_bad_arguments(store: Store, kwargs: dict[str, Any], match: str) -> None:
-    args: dict[str, Any] = {"rank": 0, "world": 2, "digest": "d", **kwargs}
-    with pytest.raises(ValueError, match=match):
-        _agree.agree(store, summary="m", timeout=LONG, **args)
+@pytest.mark.parametrize("moment", ["before-cleanup", "after-cleanup"])
+def test_timeout_racing_the_last_arrival_finds_the_call_done(moment: str) -> None:
+    """Rank 0 times out and takes over as coordinator; just then rank 1 arrives (so
+    the call is complete) and deletes the sum before or after rank 0 poisons it.
+    Both ranks must succeed, and no key may be left."""
+    master, port = _store_port()
+    poison = Gate("add", "/n", nth=2)  # rank 0's second add of the sum
+    arrive = Gate("add", "/n")
+    cleanup = Gate("delete_key", "/n")
+    rank0 = ParkingStore(_tcp(port), poison)
+    rank1 = ParkingStore(_tcp(port), arrive, cleanup)
+    finished = threading.Event()
+
+    def last() -> None:
+        _agree_call(rank1, 1, 2, 9, 1)
+        finished.set()
+
+    def choreography() -> None:
+        assert poison.reached.wait(30)  # rank 0 timed out and won the coordination
+        arrive.release.set()  # rank 1's arrival completes the call
+        if moment == "before-cleanup":
+            assert cleanup.reached.wait(30)
+            poison.release.set()  # the poison lands on a complete sum
+            time.sleep(0.5)
+            cleanup.release.set()
+        else:
+            cleanup.release.set()
+            assert finished.wait(30)  # the sum is gone: the poison re-creates it
+            poison.release.set()
+
+    conductor = threading.Thread(target=choreography)
+    conductor.start()
+    short = datetime.timedelta(seconds=0.5)
+    outs = _run_threads({0: lambda: _agree_call(rank0, 0, 2, 9, 1, timeout=short), 1: last})
+    conductor.join(30)
+    assert not outs[0]["error"] and not outs[1]["error"], outs
+    assert _agree.count_keys(master) == 0, master.list_keys()
 
 
-def test_timeout_when_nobody_else_comes(store: Store) -> None:
-    with pytest.raises(
-        MeshMismatchError,
-        match=r"^rank 1 stopped at realize call #1 of thread 'w' \(mesh Q\) because ranks "
-        r"\[0, 2\] never reached realize call #1 of thread 'w' within 0\.5s",
-    ):
-        _agree.agree(
-            store,
-            rank=1,
-            world=3,
-            digest="q",
-            summary="mesh Q",
-            timeout=datetime.timedelta(seconds=0.5),
-            stream="w",
-        )
-    # A latecomer learns at once that the call was given up.
-    start = time.monotonic()
-    with pytest.raises(MeshMismatchError, match=r"^rank 0 stopped .* ranks \[0, 2\] never"):
-        _agree.agree(
-            store,
-            rank=0,
-            world=3,
-            digest="q",
-            summary="mesh Q",
-            timeout=LONG,
-            stream="w",
-            call=1,
-        )
-    assert time.monotonic() - start < SURFACE
+def test_census_of_many_ranks_reads_the_list_once() -> None:
+    """32 ranks, 3 never come: each waiting rank raises naming exactly those three,
+    and the list of arrivals is read by one rank, once."""
+    _master, port = _store_port()
+    world, missing = 32, (5, 17, 30)
+    stores = {r: OwnClient(_tcp(port)) for r in range(world) if r not in missing}
+    timeout = datetime.timedelta(seconds=1)
+
+    def play(r: int) -> Callable[[], object]:
+        return lambda: _agree_call(stores[r], r, world, 1, 1, timeout=timeout)
+
+    outs = _run_threads({r: play(r) for r in stores})
+    for r, out in outs.items():
+        assert out["error"], (r, out)
+        assert "ranks [5, 17, 30] never reached call #1" in out["message"], out
+    assert sum(s.key_reads("/who") for s in stores.values()) == 1
+
+
+def test_world_of_one_touches_nothing() -> None:
+    _master, port = _store_port()
+    store = OwnClient(_tcp(port))
+    _agree_call(store, 0, 1, 5, 1)
+    assert store.snapshot() == {}
+
+
+def test_streams_meet_independently_of_interleaving() -> None:
+    """Two streams per rank, entered in opposite orders on the two ranks."""
+    master, port = _store_port()
+    conns = {r: OwnClient(_tcp(port)) for r in range(4)}
+
+    def two_streams(rank: int) -> None:
+        order = ("x", "y") if rank == 0 else ("y", "x")
+
+        def enter(i: int, stream: str) -> Callable[[], object]:
+            return lambda: _agree_call(conns[2 * rank + i], rank, 2, 11, 1, stream=stream)
+
+        inner = _run_threads({i: enter(i, s) for i, s in enumerate(order)})
+        assert all(not o["error"] for o in inner.values()), inner
+
+    outs = _run_threads({0: lambda: two_streams(0), 1: lambda: two_streams(1)})
+    assert all(not o["error"] for o in outs.values()), outs
+    assert _agree.count_keys(master) == 0
+
+
+def test_weights_are_odd_and_bounded() -> None:
+    counts = collections.Counter(_agree.weight(code, 1 << 20) % 2 for code in range(1000))
+    assert counts == {1: 1000}
+    assert all((1 << 20) * _agree.weight(c, 1 << 20) < 1 << 58 for c in (0, 1 << 70, 12345))

@@ -1,5 +1,5 @@
-"""Failure semantics of ``fmesh.realize`` end to end: ranks that disagree, stall, die or
-race never hang (4 gloo ranks launched torchrun-style).
+"""Failure semantics of ``fmesh.realize`` end to end: ranks that disagree, stall, die,
+race or diverge among memo hits never hang (4 gloo ranks launched torchrun-style).
 
 Each job first realizes a whole-world mesh on every rank (which initializes the default
 group), meets at a barrier on the launcher's store, and then plays one scenario. What
@@ -87,31 +87,67 @@ def mismatch_job(rank: int, world: int) -> dict[str, Any]:
     return _attempt(lambda: fmesh.realize(mesh))
 
 
-def memo_job(rank: int, world: int, memo_first: bool) -> dict[str, Any]:
-    """All realize A; then rank 0 realizes A again (memoized) while 1-3 realize B."""
+def mesh_c() -> fmesh.Mesh:
+    """New to every rank: none of its axes was realized before."""
+    return fmesh.make_mesh({"u": 4}, ranks=(1, 0, 3, 2))
+
+
+def hidden_divergence_job(rank: int, world: int) -> dict[str, Any]:
+    """The hang of issue 17: all realize A and B; then rank 0 realizes A while the
+    others realize B (memo hits for everyone); then all realize C, at default
+    timeouts."""
+    store = _start(rank)
+    fmesh.realize(mesh_a())
+    fmesh.realize(mesh_b())
+    _barrier(store, "ab", range(world), rank)
+    hit = fmesh.realize(mesh_a() if rank == 0 else mesh_b())
+    out = {"hit_created": hit.created}
+    out.update(_attempt(lambda: fmesh.realize(mesh_c())))
+    _barrier(store, "end", range(world), rank)
+    return out
+
+
+def skipped_job(rank: int, world: int, timeout_s: float) -> dict[str, Any]:
+    """All realize A; then rank 0 realizes A again (a hit) while the others realize B
+    (which creates groups); after the others gave up, rank 0 realizes C."""
     store = _start(rank)
     fmesh.realize(mesh_a())
     _barrier(store, "a", range(world), rank)
-    if (rank == 0) != memo_first:
-        time.sleep(1.0)  # the other side reaches the call first
+    timeout = datetime.timedelta(seconds=timeout_s)
     out: dict[str, Any] = {}
     if rank == 0:
-        out["memo"] = _attempt(lambda: fmesh.realize(mesh_a()))
-        if not out["memo"]["error"]:
-            # Let the others finish their call, then make the next one.
-            _barrier(store, "b", range(world), rank)
-            out["next"] = _attempt(lambda: fmesh.realize(mesh_a()))
-            return out
+        out["hit"] = _attempt(lambda: fmesh.realize(mesh_a(), timeout=timeout))
+        _barrier(store, "gave-up", range(world), rank)
+        out["next"] = _attempt(lambda: fmesh.realize(mesh_c(), timeout=timeout))
     else:
-        out["b"] = _attempt(lambda: fmesh.realize(mesh_b()))
-    _barrier(store, "b", range(world), rank)
+        out["b"] = _attempt(lambda: fmesh.realize(mesh_b(), timeout=timeout))
+        _barrier(store, "gave-up", range(world), rank)
+    _barrier(store, "end", range(world), rank)
+    return out
+
+
+def debug_job(rank: int, world: int, how: str) -> dict[str, Any]:
+    """All realize A and B; then rank 0 realizes A while the others realize B, in
+    debug mode (``check=True``, or torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``)."""
+    from torch._C._distributed_c10d import set_debug_level_from_env
+
+    if how == "env":
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        set_debug_level_from_env()  # torch read it when the worker imported c10d
+    store = _start(rank)
+    fmesh.realize(mesh_a())
+    fmesh.realize(mesh_b())
+    _barrier(store, "ab", range(world), rank)
+    check = how == "check"
+    out = _attempt(lambda: fmesh.realize(mesh_a() if rank == 0 else mesh_b(), check=check))
+    _barrier(store, "end", range(world), rank)
     return out
 
 
 def busy_job(rank: int, world: int) -> dict[str, Any]:
     """Every rank realizes A in a thread named "realizer"; ranks 1-3 come 3 s late, and
     meanwhile rank 0's main thread asks for cache_stats() again and again."""
-    _start(rank)
+    store = _start(rank)
     result: dict[str, Any] = {}
 
     def realize_a() -> None:
@@ -137,6 +173,7 @@ def busy_job(rank: int, world: int) -> dict[str, Any]:
         thread.start()
     thread.join(JOB_TIMEOUT)
     out["realize"] = result
+    _barrier(store, "end", range(world), rank)
     return out
 
 
@@ -156,14 +193,22 @@ def _group_sums(realized: fmesh.RealizedMesh) -> dict[str, tuple[int, int]]:
 
 def threads_job(rank: int, world: int) -> dict[str, Any]:
     """Threads "ta" (mesh A) and "tb" (mesh B) on every rank, started in opposite
-    orders on even and odd ranks."""
-    _start(rank)
+    orders on even and odd ranks. Each thread is a stream of its own: it realizes its
+    mesh, then slices of it (hits), then a flatten (new in ta, and in tb, whichever
+    thread created the group first on this rank), then its mesh again (a hit)."""
+    store = _start(rank)
     results: dict[str, Any] = {}
 
     def run(name: str, mesh: fmesh.Mesh) -> None:
+        timeout = datetime.timedelta(seconds=30)
         try:
-            realized = fmesh.realize(mesh, timeout=datetime.timedelta(seconds=30))
-            results[name] = _group_sums(realized)
+            realized = fmesh.realize(mesh, timeout=timeout)
+            for axis in mesh.axis_names:
+                fmesh.realize(mesh[axis], timeout=timeout)
+            flat = fmesh.realize(fmesh.flatten(mesh, mesh.axis_names[::-1]), timeout=timeout)
+            again = fmesh.realize(mesh, timeout=timeout)
+            results[name] = {**_group_sums(realized), **_group_sums(flat)}
+            results[name + "_again_created"] = again.created
         except Exception as err:
             results[name] = f"{type(err).__name__}: {err}"
 
@@ -177,6 +222,7 @@ def threads_job(rank: int, world: int) -> dict[str, Any]:
     threads[second].start()
     for t in threads.values():
         t.join(JOB_TIMEOUT)
+    _barrier(store, "end", range(world), rank)
     return results
 
 
@@ -232,25 +278,57 @@ def test_one_rank_different_all_raise_fast_at_default_timeouts(tmp_path: Path) -
         assert "never reached" not in message, message
 
 
-@pytest.mark.parametrize("memo_first", [True, False], ids=["memo-first", "memo-later"])
-def test_memoized_call_does_not_pass_silently(tmp_path: Path, memo_first: bool) -> None:
+def test_divergence_among_hits_surfaces_at_the_next_creating_call(tmp_path: Path) -> None:
     outs = _values(
-        run_spawn(memo_job, WORLD, memo_first, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+        run_spawn(hidden_divergence_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+    )
+    assert all(out["hit_created"] == 0 for out in outs), outs
+    assert all(out["error"] for out in outs), outs
+    first = min(out["at"] for out in outs)
+    for rank, out in enumerate(outs):
+        message = out["message"]
+        assert out["at"] - first < SURFACE, outs
+        # Both sides named: rank 0 and one of the others, with what they realized.
+        assert re.search(
+            r"ranks (0 and [123]|[123] and 0) disagree at realize call #\d+", message
+        )
+        assert "not after the same calls since their last agreement" in message, message
+        assert f"1 memoized realize call ({mesh_a()!r} on gloo)" in message, message
+        assert f"1 memoized realize call ({mesh_b()!r} on gloo)" in message, message
+        assert repr(mesh_c()) in message, message
+        assert "never reached" not in message, (rank, message)
+
+
+def test_a_rank_that_diverged_into_a_hit_is_named_and_raises_next(tmp_path: Path) -> None:
+    timeout_s = 4.0
+    outs = _values(
+        run_spawn(skipped_job, WORLD, timeout_s, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
     )
     zero = outs[0]
-    # Rank 0 raises at its memoized call or, at the latest, at its next realize call.
-    raised = zero["memo"] if zero["memo"]["error"] else zero["next"]
-    assert raised["error"], zero
-    if not memo_first:
-        assert zero["memo"]["error"], zero  # the others published first: seen at once
-    assert _names_both(raised["message"]) and "rank 0" in raised["message"], raised
-    assert "never reached" not in raised["message"], raised
+    assert zero["hit"]["error"] is False and zero["hit"]["elapsed"] < 1.0, zero
     for rank in (1, 2, 3):
         b = outs[rank]["b"]
         assert b["error"], outs[rank]
-        assert b["elapsed"] < SURFACE + 1.0, b
-        assert _names_both(b["message"]) and "rank 0" in b["message"], b
-        assert "never reached" not in b["message"], b
+        assert timeout_s - 0.5 < b["elapsed"] < timeout_s + SURFACE, b
+        assert re.search(r"ranks \[0\] never reached realize call #\d+", b["message"]), b
+        assert "realized a mesh they already had (a memo hit" in b["message"], b
+    # Rank 0 raises at its next call that creates groups, at once, with the verdict.
+    nxt = zero["next"]
+    assert nxt["error"] and nxt["elapsed"] < SURFACE, zero
+    assert "rank 0 arrived after the other ranks gave up on realize call #" in nxt["message"]
+    assert "ranks [0] never reached" in nxt["message"], nxt
+    assert f"1 memoized realize call ({mesh_a()!r} on gloo)" in nxt["message"], nxt
+
+
+@pytest.mark.parametrize("how", ["check", "env"])
+def test_debug_mode_makes_every_call_agree(tmp_path: Path, how: str) -> None:
+    outs = _values(run_spawn(debug_job, WORLD, how, tmp_path=tmp_path, timeout=JOB_TIMEOUT))
+    assert all(out["error"] for out in outs), outs
+    first = min(out["at"] for out in outs)
+    for out in outs:
+        assert out["at"] - first < SURFACE, outs
+        assert _names_both(out["message"]) and "rank 0" in out["message"], out
+        assert "never reached" not in out["message"], out
 
 
 def test_cache_stats_stays_responsive_while_realize_waits(tmp_path: Path) -> None:
@@ -268,7 +346,8 @@ def test_two_threads_two_meshes_succeed(tmp_path: Path) -> None:
         for name in ("ta", "tb"):
             sums = out[name]
             assert isinstance(sums, dict), out
-            assert all(got == want for got, want in sums.values()), sums
+            assert len(sums) == 3 and all(got == want for got, want in sums.values()), sums
+            assert out[name + "_again_created"] == 0, out
 
 
 def test_peer_that_exits_is_named(tmp_path: Path) -> None:

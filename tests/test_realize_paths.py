@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import fmesh
-from fmesh import _c10d, _memo, _realize
+from fmesh import _c10d, _groups, _memo
 
 Call = tuple[str, tuple[int, ...], str]
 
@@ -54,7 +54,7 @@ def _run(
 ) -> object:
     pos = mesh.axis_names.index(axis)
     coord = fmesh.coordinate(mesh, me)
-    request = _realize._AxisRequest(
+    request = _groups.AxisRequest(
         mesh=mesh,
         name=axis,
         layout=mesh.axes[pos],
@@ -65,10 +65,10 @@ def _run(
         explicit=explicit,
     )
     # An eagerly initialized NCCL world (a bound device).
-    world = _realize._World(
+    world = _groups.World(
         pg=WORLD_PG, size=8, rank=me, backend="cpu:gloo,cuda:nccl", fake=False, eager=True
     )
-    pg, _ = _realize._axis_group(request, world, None, None)
+    pg, _ = _groups.axis_group(request, world, None, None)
     return pg
 
 

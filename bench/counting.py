@@ -1,0 +1,122 @@
+"""A store that forwards every operation to another and counts the requests it sends.
+
+Wrap the store a process group is created with (``init_process_group(store=...)``)
+to count what fmesh's agreement and torch's rendezvous ask of the store, request by
+request as they go on the wire: a ``get`` is two (TCPStore waits for the key, then
+reads it), every other operation one. Counts are kept per key class (:func:`kind`);
+clones share their parent's counter.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import threading
+from typing import Any
+
+from torch._C._distributed_c10d import Store
+
+__all__ = ["AGREE", "CountingStore", "kind"]
+
+AGREE = "fmesh/a/"
+"""What every key of fmesh's agreement contains."""
+
+
+def kind(key: str) -> str:
+    """``"agree"`` for fmesh's agreement keys, ``"other"`` for the rest."""
+    return "agree" if AGREE in key else "other"
+
+
+class CountingStore(Store):
+    """Forwards to ``inner``; ``counts[kind]`` is the number of requests sent."""
+
+    def __init__(self, inner: Any, parent: CountingStore | None = None) -> None:
+        super().__init__()
+        self.inner = inner
+        self.counts: collections.Counter[str] = (
+            parent.counts if parent is not None else collections.Counter()
+        )
+        self.reads: collections.Counter[str] = (
+            parent.reads if parent is not None else collections.Counter()
+        )
+        """``get`` requests per key."""
+        self._lock: threading.Lock = parent._lock if parent is not None else threading.Lock()
+
+    def _n(self, keys: str | list[str], n: int = 1) -> None:
+        key = keys if isinstance(keys, str) else (keys[0] if keys else "")
+        with self._lock:
+            self.counts[kind(key)] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+    def key_reads(self, suffix: str) -> int:
+        """``get`` requests of keys ending with ``suffix``."""
+        with self._lock:
+            return sum(n for key, n in self.reads.items() if key.endswith(suffix))
+
+    def set(self, key: str, value: Any) -> None:
+        self._n(key)
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        self._n(key, 2)
+        with self._lock:
+            self.reads[key] += 1
+        return bytes(self.inner.get(key))
+
+    def add(self, key: str, value: int) -> int:
+        self._n(key)
+        return int(self.inner.add(key, value))
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        self._n(key)
+        return bytes(self.inner.compare_set(key, expected, desired))
+
+    def check(self, keys: list[str]) -> bool:
+        self._n(keys)
+        return bool(self.inner.check(keys))
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        self._n(keys)
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+    def delete_key(self, key: str) -> bool:
+        self._n(key)
+        return bool(self.inner.delete_key(key))
+
+    # The C++ side calls these two by their C++ names.
+    def deleteKey(self, key: str) -> bool:
+        return self.delete_key(key)
+
+    def listKeys(self) -> list[str]:
+        return self.list_keys()
+
+    def num_keys(self) -> int:
+        self._n("")
+        return int(self.inner.num_keys())
+
+    def append(self, key: str, value: Any) -> None:
+        self._n(key)
+        self.inner.append(key, value)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self._n(keys, 2)
+        return [bytes(v) for v in self.inner.multi_get(keys)]
+
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        self._n(keys)
+        self.inner.multi_set(keys, values)
+
+    def list_keys(self) -> list[str]:
+        return list(self.inner.list_keys())
+
+    def has_extended_api(self) -> bool:
+        return True
+
+    def clone(self) -> CountingStore:
+        return CountingStore(self.inner.clone(), self)
