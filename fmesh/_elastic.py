@@ -83,10 +83,13 @@ def _indices(mesh: Mesh, ranks: Iterable[int], fn: str, what: str, fix: str) -> 
         else:
             found.append(index)
     if missing:
-        many = len(missing) > 1
+        named = (
+            f"{what}s {_listed(missing)} are"
+            if len(missing) > 1
+            else f"{what} {missing[0]} is"
+        )
         raise MeshError(
-            f"{fn}(): {what} {_listed(missing)} {'are' if many else 'is'} not in "
-            f"{mesh!r}, which covers {_covers(mesh)}; {fix}"
+            f"{fn}(): {named} not in {mesh!r}, which covers {_covers(mesh)}; {fix}"
         )
     return found
 
@@ -163,7 +166,7 @@ def shrink(mesh: Mesh, lost: Iterable[int], *, axis: str) -> Mesh:
         "pass only the lost ranks this mesh holds, e.g. "
         "{r for r in lost if fmesh.coordinate(mesh, r) is not None}"
     )
-    indices = _indices(mesh, ranks, "shrink", "lost ranks", fix)
+    indices = _indices(mesh, ranks, "shrink", "lost rank", fix)
     dropped = sorted({layout.coordinate_of(i) for i in indices})
     gone = set(dropped)
     kept = [c for c in range(layout.size) if c not in gone]
@@ -243,7 +246,7 @@ def replace(mesh: Mesh, spares: Mapping[int, int]) -> Mesh:
     if not pairs:
         return mesh
     fix = "only ranks of the mesh can be replaced"
-    indices = _indices(mesh, [old for old, _ in pairs], "replace", "ranks", fix)
+    indices = _indices(mesh, [old for old, _ in pairs], "replace", "rank", fix)
     given: dict[int, int] = {}
     for old, new in pairs:
         if new in given:

@@ -407,7 +407,7 @@ ERRORS = [
     _case(
         lambda: shrink(R, [0], axis="dp"),
         MeshError,
-        r"lost ranks \[0\] is not in .* which covers the 4 ranks in its rank_map",
+        r"lost rank 0 is not in .* which covers the 4 ranks in its rank_map",
         "shrink rank not in rank map",
     ),
     _case(
