@@ -2,6 +2,7 @@
 
     python -m fmesh describe "pp=2,dp=4,tp=8" --rank 5 --flatten dp,tp
     python -m fmesh describe "dp=2,tp=4" --json
+    python -m fmesh describe "dp=4,tp=2" --lost 3,5 --shrink dp --replace 0=8
     python -m fmesh plan --world 131072 "pp=16,dp=256,cp=4,tp=8" --rank 5
 
 This module only dispatches: the mesh flags are parsed in :mod:`fmesh._cli_args`, the
@@ -25,7 +26,9 @@ from typing import NoReturn
 from ._cli_args import (
     SPEC_HELP,
     CliError,
+    Edits,
     build,
+    not_in_mesh,
     parse_count,
     parse_names,
     parse_spec,
@@ -33,6 +36,7 @@ from ._cli_args import (
 from ._describe import describe_text
 from ._errors import MeshError
 from ._hosts import BANDWIDTH_HEAVY_AXES
+from ._ops import coordinate
 
 __all__ = ["describe", "describe_json", "main", "parse_spec", "plan"]
 
@@ -61,23 +65,29 @@ def describe(
     rank: int | None = None,
     local_world_size: int = 8,
     keep_in_host: Sequence[str] = BANDWIDTH_HEAVY_AXES,
+    edits: Edits | None = None,
 ) -> str:
-    """The text ``fmesh describe`` prints."""
+    """The text ``fmesh describe`` prints; ``edits`` are ``--lost``, ``--shrink`` and
+    ``--replace``, applied after the unflattens and before the flattens."""
     _check_host(local_world_size)
-    mesh, axes = build(spec, unflattens, flattens)
-    if rank is not None and not 0 <= rank < mesh.size:
-        raise CliError(
-            f'--rank {rank} is not in the mesh "{spec}" of {mesh.size} ranks; '
-            f"expected a rank in 0..{mesh.size - 1}"
-        )
+    mesh, axes, notes = build(spec, unflattens, flattens, edits)
+    if rank is not None and coordinate(mesh, rank) is None:
+        raise CliError(not_in_mesh(rank, spec, mesh, edits))
     return describe_text(
-        mesh, axes, rank=rank, ranks_per_host=local_world_size, keep_in_host=keep_in_host
+        mesh,
+        axes,
+        rank=rank,
+        ranks_per_host=local_world_size,
+        keep_in_host=keep_in_host,
+        notes=notes,
     )
 
 
-def describe_json(spec: str, *, unflattens: Sequence[str] = ()) -> str:
+def describe_json(
+    spec: str, *, unflattens: Sequence[str] = (), edits: Edits | None = None
+) -> str:
     """The text ``fmesh describe --json`` prints: the mesh as :meth:`Mesh.to_json`."""
-    mesh, _ = build(spec, unflattens, ())
+    mesh, _, _ = build(spec, unflattens, (), edits)
     return mesh.to_json() + "\n"
 
 
@@ -93,7 +103,7 @@ def plan(
 ) -> str:
     """The text ``fmesh plan`` prints: a dry run of realize on the fake backend."""
     _check_host(local_world_size)
-    mesh, axes = build(spec, unflattens, flattens)
+    mesh, axes, _ = build(spec, unflattens, flattens)
     if world < mesh.size:
         raise CliError(
             f'--world {world} is smaller than the mesh "{spec}" of {mesh.size} ranks; '
@@ -190,7 +200,27 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--json",
         action="store_true",
-        help="print the mesh (after any --unflatten) as fmesh.Mesh.to_json() instead",
+        help="print the mesh (after any --unflatten, --shrink, --replace) as "
+        "fmesh.Mesh.to_json() instead",
+    )
+    d.add_argument(
+        "--lost",
+        default=None,
+        metavar="R,...",
+        help="lost global ranks, e.g. 3,5; with --shrink, describe the mesh without them",
+    )
+    d.add_argument(
+        "--shrink",
+        default=None,
+        metavar="AXIS",
+        help="drop every slice along AXIS that holds a --lost rank (fmesh.shrink)",
+    )
+    d.add_argument(
+        "--replace",
+        default=None,
+        metavar="OLD=NEW,...",
+        help="hot spares: rank NEW takes rank OLD's place, e.g. 3=8,5=9, after any "
+        "--shrink (fmesh.replace)",
     )
     d.add_argument(
         "--keep-in-host",
@@ -213,13 +243,14 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> str:
     host = parse_count(args.local_world_size, "--local-world-size")
     rank = None if args.rank is None else parse_count(args.rank, "--rank")
+    edits = Edits(args.lost, args.shrink, args.replace) if args.command == "describe" else None
     if args.command == "describe" and args.json:
         if args.rank is not None or args.flatten:
             raise CliError(
                 "--json prints the mesh itself, so it takes no --rank or --flatten; "
                 "drop them, or flatten in Python and call Mesh.to_json()"
             )
-        return describe_json(args.spec, unflattens=args.unflatten)
+        return describe_json(args.spec, unflattens=args.unflatten, edits=edits)
     if args.command == "describe":
         return describe(
             args.spec,
@@ -228,6 +259,7 @@ def _run(args: argparse.Namespace) -> str:
             rank=rank,
             local_world_size=host,
             keep_in_host=parse_names(args.keep_in_host, "--keep-in-host"),
+            edits=edits,
         )
     return plan(
         args.spec,
