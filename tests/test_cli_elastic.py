@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -200,3 +201,39 @@ def test_help_lists_the_elastic_flags() -> None:
     text = ok("describe", "--help")
     for flag in ("--lost R,...", "--shrink AXIS", "--replace OLD=NEW,..."):
         assert flag in text
+
+
+# -- the documented example ------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC_ARGS = (
+    "describe",
+    "dp=4,tp=2",
+    "--lost",
+    "3",
+    "--shrink",
+    "dp",
+    "--rank",
+    "5",
+    "--local-world-size",
+    "2",
+)
+DOC_CMD = (
+    'python -m fmesh describe "dp=4,tp=2" --lost 3 --shrink dp --rank 5 --local-world-size 2'
+)
+
+
+def test_documented_elastic_example_is_real() -> None:
+    """The elastic text (docs/elastic_pure.md, or the README once merged there) shows
+    the real output, and its python block runs."""
+    docs = [p for p in (ROOT / "docs" / "elastic_pure.md", ROOT / "README.md") if p.exists()]
+    shown = [p for p in docs if DOC_CMD in p.read_text()]
+    assert shown, f"neither {[str(p) for p in docs]} shows `{DOC_CMD}`"
+    live = ok(*DOC_ARGS).splitlines()
+    for path in shown:
+        text = path.read_text()
+        body = text[text.index(DOC_CMD) :].split("```text\n", 1)[1].split("```", 1)[0]
+        assert body.splitlines() == live, path
+        if path.name == "elastic_pure.md":
+            code = text.split("```python\n", 1)[1].split("```", 1)[0]
+            exec(compile(code, str(path), "exec"), {})
