@@ -10,8 +10,8 @@ digits are the modes of every axis plus the complement. The shrunk axis's digits
 replaced by one digit of the remaining size, standing where its slowest mode stood;
 every other digit keeps its place. So the other axes keep their layouts up to the
 strides the new digit shifts, ranks keep their relative order, and shrinking commutes
-with slicing, flattening and renaming the other axes (equal values, not just equal
-groups).
+with slicing, flattening, unflattening and renaming the other axes (equal values, not
+just equal groups).
 """
 
 from __future__ import annotations
