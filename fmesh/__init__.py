@@ -9,6 +9,8 @@ import typing as _typing
 from ._distribute import distribute as distribute
 from ._distribute import placements as placements
 from ._distribute import spec_of as spec_of
+from ._elastic import replace as replace
+from ._elastic import shrink as shrink
 from ._errors import AxisNotFoundError as AxisNotFoundError
 from ._errors import LaunchError as LaunchError
 from ._errors import MeshError as MeshError
@@ -92,8 +94,10 @@ __all__ = [
     "rank_at",
     "realize",
     "rename",
+    "replace",
     "same_groups",
     "same_ranks",
+    "shrink",
     "slice",
     "spec_of",
     "unflatten",

@@ -2,11 +2,13 @@
 
     python -m fmesh describe "pp=2,dp=4,tp=8" --rank 5 --flatten dp,tp
     python -m fmesh describe "dp=2,tp=4" --json
+    python -m fmesh describe "dp=4,tp=2" --lost 3,5 --shrink dp --replace 0=8
     python -m fmesh plan --world 131072 "pp=16,dp=256,cp=4,tp=8" --rank 5
 
-This module only parses and dispatches: the text of ``describe`` comes from
-:mod:`fmesh._describe` (pure), the host analysis from :mod:`fmesh._hosts`, and the
-dry run of ``plan`` from :mod:`fmesh._plan`, which alone imports torch.
+This module only dispatches: the mesh flags are parsed in :mod:`fmesh._cli_args`, the
+text of ``describe`` comes from :mod:`fmesh._describe` (pure), the host analysis from
+:mod:`fmesh._hosts`, and the dry run of ``plan`` from :mod:`fmesh._plan`, which alone
+imports torch.
 
 A *host* is a block of ``--local-world-size`` consecutive global ranks (default 8); an
 axis is intra-host when every one of its groups lies inside one host.
@@ -17,123 +19,31 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ._describe import ShownAxis, describe_text
+from ._cli_args import (
+    SPEC_HELP,
+    CliError,
+    Edits,
+    build,
+    not_in_mesh,
+    parse_count,
+    parse_names,
+    parse_spec,
+)
+from ._describe import describe_text
 from ._errors import MeshError
 from ._hosts import BANDWIDTH_HEAVY_AXES
-from ._mesh import Mesh, make_mesh
-from ._ops import flatten, unflatten
+from ._ops import coordinate
 
 __all__ = ["describe", "describe_json", "main", "parse_spec", "plan"]
 
 logger = logging.getLogger("fmesh")
 
-SPEC_HELP = 'comma-separated name=size pairs in axis order, e.g. "pp=2,dp=4,tp=8"'
 # c10d ranks and world sizes are 32-bit ints.
 _MAX_WORLD = 2**31 - 1
-
-
-class _CliError(MeshError):
-    """A bad command-line argument (reported as one line, exit status 2)."""
-
-
-# -- parsing ---------------------------------------------------------------------------
-
-
-def _parse_count(text: str, what: str) -> int:
-    """An int written as ``1024``, ``1_024`` or ``2**10``."""
-    m = re.fullmatch(r"\s*(-?\d[\d_]*)\s*(?:\*\*\s*(\d+)\s*)?", text)
-    if m is None:
-        raise _CliError(
-            f"{what} is {text!r}, which is not a whole number; write e.g. 8, 1024 or 2**10"
-        )
-    base = int(m.group(1))
-    return base ** int(m.group(2)) if m.group(2) is not None else base
-
-
-def parse_spec(text: str) -> Mesh:
-    """The root mesh of a spec such as ``"pp=2,dp=4,tp=8"``.
-
-    >>> parse_spec("dp=2, tp=4")
-    Mesh(dp=2, tp=4)
-    """
-    names: list[str] = []
-    sizes: list[int] = []
-    try:
-        items = [item.strip() for item in text.split(",")]
-        if not text.strip() or any(not item for item in items):
-            raise _CliError("it has an empty entry")
-        for item in items:
-            name, eq, size = (part.strip() for part in item.partition("="))
-            if not eq:
-                raise _CliError(f"entry {item!r} is not name=size")
-            names.append(name)
-            sizes.append(_parse_count(size, f"the size of axis {name!r}"))
-        return make_mesh(sizes, names)
-    except MeshError as err:
-        raise _CliError(f'mesh spec "{text}": {err}; expected {SPEC_HELP}') from None
-
-
-def _parse_flatten(text: str) -> tuple[str | None, tuple[str, ...]]:
-    """``"dp,tp"`` or ``"name=dp,tp"``: the new axis name (or None) and its axes."""
-    name, eq, axes = text.rpartition("=") if "=" in text else ("", "", text)
-    parts = tuple(a.strip() for a in axes.split(","))
-    if not all(parts) or (eq and not name.strip()):
-        raise _CliError(
-            f'--flatten "{text}" is not a list of axis names; write --flatten dp,tp '
-            "or --flatten dp_tp=dp,tp"
-        )
-    return (name.strip() if eq else None), parts
-
-
-def _parse_unflatten(text: str) -> tuple[str, dict[str, int]]:
-    """``"world=dp:2,tp:4"``: the axis to split and the new axes' sizes, in order."""
-    axis, eq, rest = text.partition("=")
-    sizes: dict[str, int] = {}
-    for item in rest.split(","):
-        name, colon, size = (p.strip() for p in item.partition(":"))
-        if not colon or not name or name in sizes:
-            sizes = {}
-            break
-        sizes[name] = _parse_count(size, f"the size of {name!r} in --unflatten {text!r}")
-    if not eq or not axis.strip() or not sizes:
-        raise _CliError(
-            f'--unflatten "{text}" is not axis=name:size,...; write e.g. '
-            '--unflatten "world=dp:2,tp:4" (distinct new names)'
-        )
-    return axis.strip(), sizes
-
-
-def _build(
-    spec: str, unflattens: Sequence[str], flattens: Sequence[str]
-) -> tuple[Mesh, list[ShownAxis]]:
-    """The root mesh (after the unflattens) and every axis to report."""
-    mesh = parse_spec(spec)
-    for text in unflattens:
-        axis, sizes = _parse_unflatten(text)
-        try:
-            mesh = unflatten(mesh, axis, sizes)
-        except MeshError as err:
-            raise _CliError(f'--unflatten "{text}": {err}') from None
-    axes = [ShownAxis(name, mesh) for name in mesh.axis_names]
-    for text in flattens:
-        name, parts = _parse_flatten(text)
-        try:
-            flat = flatten(mesh, parts, name)
-        except MeshError as err:
-            raise _CliError(f'--flatten "{text}": {err}') from None
-        new = name if name is not None else "_".join(parts)
-        if new in {a.name for a in axes}:
-            raise _CliError(
-                f'--flatten "{text}" names its axis {new!r}, which is taken; name it '
-                f"with --flatten NAME={','.join(parts)}"
-            )
-        axes.append(ShownAxis(new, flat, parts))
-    return mesh, axes
 
 
 # -- commands -------------------------------------------------------------------------
@@ -141,18 +51,10 @@ def _build(
 
 def _check_host(local_world_size: int) -> None:
     if local_world_size < 1:
-        raise _CliError(
+        raise CliError(
             f"--local-world-size is {local_world_size}; expected the number of ranks "
             "per host, >= 1 (e.g. 8)"
         )
-
-
-def _parse_names(text: str, flag: str) -> tuple[str, ...]:
-    """``"tp,cp,ep"`` -> ``("tp", "cp", "ep")``; an empty string gives ``()``."""
-    parts = tuple(p.strip() for p in text.split(",")) if text.strip() else ()
-    if not all(parts):
-        raise _CliError(f'{flag} "{text}" is not a list of axis names; write e.g. tp,cp,ep')
-    return parts
 
 
 def describe(
@@ -163,23 +65,29 @@ def describe(
     rank: int | None = None,
     local_world_size: int = 8,
     keep_in_host: Sequence[str] = BANDWIDTH_HEAVY_AXES,
+    edits: Edits | None = None,
 ) -> str:
-    """The text ``fmesh describe`` prints."""
+    """The text ``fmesh describe`` prints; ``edits`` are ``--lost``, ``--shrink`` and
+    ``--replace``, applied after the unflattens and before the flattens."""
     _check_host(local_world_size)
-    mesh, axes = _build(spec, unflattens, flattens)
-    if rank is not None and not 0 <= rank < mesh.size:
-        raise _CliError(
-            f'--rank {rank} is not in the mesh "{spec}" of {mesh.size} ranks; '
-            f"expected a rank in 0..{mesh.size - 1}"
-        )
+    mesh, axes, notes = build(spec, unflattens, flattens, edits)
+    if rank is not None and coordinate(mesh, rank) is None:
+        raise CliError(not_in_mesh(rank, spec, mesh, edits))
     return describe_text(
-        mesh, axes, rank=rank, ranks_per_host=local_world_size, keep_in_host=keep_in_host
+        mesh,
+        axes,
+        rank=rank,
+        ranks_per_host=local_world_size,
+        keep_in_host=keep_in_host,
+        notes=notes,
     )
 
 
-def describe_json(spec: str, *, unflattens: Sequence[str] = ()) -> str:
+def describe_json(
+    spec: str, *, unflattens: Sequence[str] = (), edits: Edits | None = None
+) -> str:
     """The text ``fmesh describe --json`` prints: the mesh as :meth:`Mesh.to_json`."""
-    mesh, _ = _build(spec, unflattens, ())
+    mesh, _, _ = build(spec, unflattens, (), edits)
     return mesh.to_json() + "\n"
 
 
@@ -195,19 +103,19 @@ def plan(
 ) -> str:
     """The text ``fmesh plan`` prints: a dry run of realize on the fake backend."""
     _check_host(local_world_size)
-    mesh, axes = _build(spec, unflattens, flattens)
+    mesh, axes, _ = build(spec, unflattens, flattens)
     if world < mesh.size:
-        raise _CliError(
+        raise CliError(
             f'--world {world} is smaller than the mesh "{spec}" of {mesh.size} ranks; '
             f"give --world {mesh.size} or more, or shrink the mesh"
         )
     if world > _MAX_WORLD:
-        raise _CliError(
+        raise CliError(
             f"--world {world} is more ranks than torch can address; expected at most "
             f"{_MAX_WORLD} (2**31 - 1)"
         )
     if not 0 <= rank < world:
-        raise _CliError(
+        raise CliError(
             f"--rank {rank} is not in the world of {world} ranks; expected 0..{world - 1}"
         )
     from ._plan import known_backends, plan_text
@@ -216,7 +124,7 @@ def plan(
     for part in backend.split(","):
         name = part.rpartition(":")[2].strip().lower()
         if name not in known:
-            raise _CliError(
+            raise CliError(
                 f"--backend {backend!r} names backend {name!r}; expected one of "
                 f"{known}, or a device map such as 'cpu:gloo,cuda:nccl'"
             )
@@ -292,7 +200,27 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--json",
         action="store_true",
-        help="print the mesh (after any --unflatten) as fmesh.Mesh.to_json() instead",
+        help="print the mesh (after any --unflatten, --shrink, --replace) as "
+        "fmesh.Mesh.to_json() instead",
+    )
+    d.add_argument(
+        "--lost",
+        default=None,
+        metavar="R,...",
+        help="lost global ranks, e.g. 3,5; with --shrink, describe the mesh without them",
+    )
+    d.add_argument(
+        "--shrink",
+        default=None,
+        metavar="AXIS",
+        help="drop every slice along AXIS that holds a --lost rank (fmesh.shrink)",
+    )
+    d.add_argument(
+        "--replace",
+        default=None,
+        metavar="OLD=NEW,...",
+        help="hot spares: rank NEW takes rank OLD's place, e.g. 3=8,5=9, after any "
+        "--shrink (fmesh.replace)",
     )
     d.add_argument(
         "--keep-in-host",
@@ -313,15 +241,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> str:
-    host = _parse_count(args.local_world_size, "--local-world-size")
-    rank = None if args.rank is None else _parse_count(args.rank, "--rank")
+    host = parse_count(args.local_world_size, "--local-world-size")
+    rank = None if args.rank is None else parse_count(args.rank, "--rank")
+    edits = Edits(args.lost, args.shrink, args.replace) if args.command == "describe" else None
     if args.command == "describe" and args.json:
         if args.rank is not None or args.flatten:
-            raise _CliError(
+            raise CliError(
                 "--json prints the mesh itself, so it takes no --rank or --flatten; "
                 "drop them, or flatten in Python and call Mesh.to_json()"
             )
-        return describe_json(args.spec, unflattens=args.unflatten)
+        return describe_json(args.spec, unflattens=args.unflatten, edits=edits)
     if args.command == "describe":
         return describe(
             args.spec,
@@ -329,11 +258,12 @@ def _run(args: argparse.Namespace) -> str:
             unflattens=args.unflatten,
             rank=rank,
             local_world_size=host,
-            keep_in_host=_parse_names(args.keep_in_host, "--keep-in-host"),
+            keep_in_host=parse_names(args.keep_in_host, "--keep-in-host"),
+            edits=edits,
         )
     return plan(
         args.spec,
-        world=_parse_count(args.world, "--world"),
+        world=parse_count(args.world, "--world"),
         rank=0 if rank is None else rank,
         flattens=args.flatten,
         unflattens=args.unflatten,

@@ -102,6 +102,9 @@ def host_line(mesh: Mesh, ranks_per_host: int) -> str:
     report = host_report(mesh, ranks_per_host)
     hosts = report.hosts
     partial = " (the last one partly filled)" if report.partly_filled and hosts > 1 else ""
+    if mesh.rank_map is not None and report.partly_filled:
+        # Any host may hold only some of its ranks (e.g. after fmesh.shrink).
+        partial = f" ({report.partly_filled} partly filled)"
     return f"{hosts} host{'s' if hosts != 1 else ''} of {ranks_per_host} ranks{partial}"
 
 
@@ -263,10 +266,10 @@ def _grid_title(mesh: Mesh, mark: int | None) -> str:
 
 
 def _example_groups(axis: ShownAxis) -> str:
-    """The first two groups and the last, by their base (smallest) rank."""
+    """The first two groups and the last, by their base (smallest) index."""
     comp = axis.layout.complement(axis.mesh.index_size)
     bases = [0, min(comp.stride, default=0), comp.cosize - 1][: axis.num_groups]
-    shown = [axis.group_text(b, full=4, head=3) for b in bases]
+    shown = [axis.group_text(rank_of(axis.mesh, b), full=4, head=3) for b in bases]
     if axis.num_groups > 3:
         shown.insert(2, "...")
     return ", ".join(shown)
@@ -312,15 +315,18 @@ def describe_text(
     rank: int | None = None,
     ranks_per_host: int = 8,
     keep_in_host: Sequence[str] = BANDWIDTH_HEAVY_AXES,
+    notes: Sequence[str] = (),
 ) -> str:
-    """What ``fmesh describe`` prints for a root mesh (ranks ``0..size-1``).
+    """What ``fmesh describe`` prints for a mesh with one instance.
 
     Args:
-        mesh: the mesh to draw, with one instance.
+        mesh: the mesh to draw, with one instance (ranks ``0..size-1``, or any ranks
+            through a rank map, e.g. after ``shrink`` or ``replace``).
         axes: the axes to tabulate: the mesh's own and any flattenings of it.
         rank: a rank to mark in the grid and whose groups to list, or ``None``.
         ranks_per_host: consecutive ranks per host, for the ``hosts`` column.
         keep_in_host: axis names to warn about when they cross hosts.
+        notes: lines to print under the first (how the mesh was edited).
 
     Raises:
         MeshError: when ``rank`` is not in the mesh.
@@ -329,7 +335,7 @@ def describe_text(
     coord = None if rank is None else coordinate(mesh, rank)
     if rank is not None and coord is None:
         raise MeshError(f"describe: rank {rank} is not in {mesh!r}")
-    out = [f"{mesh!r}: {mesh.size} ranks on {host_line(mesh, host)}", ""]
+    out = [f"{mesh!r}: {mesh.size} ranks on {host_line(mesh, host)}", *notes, ""]
     out.append(_grid_title(mesh, rank))
     out.extend(_grid(mesh, rank))
     out.append("")
@@ -339,9 +345,12 @@ def describe_text(
         right = {1, 2}
     else:
         first = rank - rank % host
+        # A root mesh is the world, whose last host may be partly filled; a rank map
+        # says nothing of the world, so show the whole host.
+        last = first + host if mesh.rank_map is not None else min(first + host, mesh.size)
         out.append(
             f"rank {rank}: coordinate {coord_str(mesh.axis_names, coord)} on host "
-            f"{rank // host} (ranks {first}..{min(first + host, mesh.size) - 1})"
+            f"{rank // host} (ranks {first}..{last - 1})"
         )
         header = ["axis", "size", "groups", "layout", "hosts", "coord"]
         header.append(f"group of rank {rank}")

@@ -313,3 +313,29 @@ def hybrid_shapes(
         budget = max_world // (math.prod(intra) * math.prod(inter))
         inter.append(draw(st.integers(1, max(1, min(4, budget)))))
     return names, tuple(intra), tuple(inter)
+
+
+# -- elastic: lost ranks and hot spares ---------------------------------------------------
+
+
+@st.composite
+def lost_sets(
+    draw: st.DrawFn, ranks: tuple[int, ...], min_lost: int = 0, max_lost: int = 4
+) -> frozenset[int]:
+    """A few ranks of a mesh (``ranks``: all of them, every instance); none when
+    ``min_lost`` is 0 and Hypothesis says so."""
+    drawn = st.lists(st.sampled_from(ranks), min_size=min_lost, max_size=max_lost)
+    return frozenset(draw(drawn))
+
+
+@st.composite
+def spare_maps(
+    draw: st.DrawFn, ranks: tuple[int, ...], max_replaced: int = 4
+) -> dict[int, int]:
+    """A valid ``replace`` mapping for a mesh holding ``ranks``: each old rank gets a
+    fresh spare (outside the mesh) or another replaced rank (swaps and cycles)."""
+    olds = draw(st.lists(st.sampled_from(ranks), max_size=max_replaced, unique=True))
+    start = max(ranks) + 1 + draw(st.integers(0, 3), label="gap")
+    fresh = [start + k for k in range(len(olds))]
+    targets = draw(st.permutations([*olds, *fresh]))[: len(olds)]
+    return dict(zip(olds, targets, strict=True))

@@ -65,3 +65,13 @@ def spec_misuse(r: fmesh.RealizedMesh) -> fmesh.PartitionSpec:
     fmesh.spec_of(torch.zeros(2), r.mesh)  # E: arg-type
     fmesh.placements(r, fmesh.P("dp"))  # E: call-arg
     return spec
+
+
+def elastic_misuse(m: fmesh.Mesh) -> object:
+    fmesh.shrink(m, {3}, "dp")  # E: call-arg
+    fmesh.shrink(m, {3})  # E: call-arg
+    fmesh.shrink(m, {"3"}, axis="dp")  # E: arg-type
+    fmesh.replace(m, [(3, 8)])  # E: arg-type
+    fmesh.replace(m, {3: "8"})  # E: dict-item
+    grown: int = fmesh.shrink(m, {3}, axis="dp")  # E: assignment
+    return grown

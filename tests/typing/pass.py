@@ -61,6 +61,16 @@ def transformations(m: fmesh.Mesh) -> fmesh.Mesh:
     return renamed
 
 
+def elastic(m: fmesh.Mesh) -> fmesh.Mesh:
+    lost: frozenset[int] = frozenset({3})
+    shrunk = fmesh.shrink(m, lost, axis="dp")
+    assert_type(shrunk, fmesh.Mesh)
+    assert_type(fmesh.shrink(m, [3, 5], axis="dp"), fmesh.Mesh)
+    replaced = fmesh.replace(shrunk, {5: 9})
+    assert_type(replaced, fmesh.Mesh)
+    return replaced
+
+
 def layouts() -> int:
     layout = fmesh.Layout.of((2, 3), (6, 1))
     assert_type(layout, fmesh.Layout)
