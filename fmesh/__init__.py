@@ -29,15 +29,15 @@ from ._memo import destroy as destroy
 from ._mesh import Mesh as Mesh
 from ._mesh import RanksLike as RanksLike
 from ._mesh import make_mesh as make_mesh
-from ._ops import coordinate as coordinate
 from ._ops import flatten as flatten
-from ._ops import group as group
-from ._ops import instance as instance
-from ._ops import instances as instances
-from ._ops import rank_at as rank_at
 from ._ops import rename as rename
 from ._ops import slice as slice  # noqa: A004 - the contract's name; shadows builtin
 from ._ops import unflatten as unflatten
+from ._queries import coordinate as coordinate
+from ._queries import group as group
+from ._queries import instance as instance
+from ._queries import instances as instances
+from ._queries import rank_at as rank_at
 from ._realize import realize as realize
 from ._realized import RealizedMesh as RealizedMesh
 from ._spec import P as P

@@ -36,7 +36,7 @@ from ._cli_args import (
 from ._describe import describe_text
 from ._errors import MeshError
 from ._hosts import BANDWIDTH_HEAVY_AXES
-from ._ops import coordinate
+from ._queries import coordinate
 
 __all__ = ["describe", "describe_json", "main", "parse_spec", "plan"]
 

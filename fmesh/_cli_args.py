@@ -19,7 +19,8 @@ from ._describe import ShownAxis, format_ranks
 from ._elastic import replace, shrink
 from ._errors import MeshError
 from ._mesh import Mesh, make_mesh
-from ._ops import coordinate, flatten, unflatten
+from ._ops import flatten, unflatten
+from ._queries import coordinate
 
 __all__ = [
     "SPEC_HELP",

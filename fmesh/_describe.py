@@ -18,7 +18,7 @@ from ._errors import MeshError
 from ._hosts import BANDWIDTH_HEAVY_AXES, AxisHosts, host_report
 from ._layout import Layout
 from ._mesh import Mesh
-from ._ops import coordinate, group, index_of, rank_at, rank_of
+from ._queries import coordinate, group, index_of, rank_at, rank_of
 
 __all__ = [
     "ShownAxis",

@@ -27,7 +27,7 @@ from ._axes import axis_position
 from ._errors import MeshError
 from ._layout import Layout, Mode, complement_modes
 from ._mesh import Mesh
-from ._ops import coordinate, index_of
+from ._queries import coordinate, index_of
 from ._rankmap import rank_map_info
 
 __all__ = ["replace", "shrink"]

@@ -33,7 +33,7 @@ from ._errors import MeshMismatchError
 from ._layout import Layout
 from ._memo import digest, rank_map_key, state
 from ._mesh import Mesh
-from ._ops import group, rank_of
+from ._queries import group, rank_of
 from ._rankmap import rank_map_info
 
 if TYPE_CHECKING:

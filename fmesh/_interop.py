@@ -35,7 +35,7 @@ from ._launch import check_device_type
 from ._layout import Layout, complement_modes, row_major
 from ._memo import WorldKey, on_reset, world_key
 from ._mesh import Mesh
-from ._ops import instances
+from ._queries import instances
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

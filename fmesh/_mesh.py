@@ -7,7 +7,6 @@ holds no resources and never talks to torch; see :func:`fmesh.realize` for that.
 
 from __future__ import annotations
 
-import json
 import math
 import types
 from collections.abc import Mapping, Sequence
@@ -17,12 +16,13 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from . import _json as mesh_json
 from ._axes import axis_position, check_names, check_size, names_tuple
 from ._errors import MeshError
 from ._layout import Layout, complement_modes, row_major
 from ._rankmap import rank_map_info
 
-__all__ = ["JSON_VERSION", "Mesh", "RanksLike", "make_mesh", "select_axes"]
+__all__ = ["Mesh", "RanksLike", "make_mesh", "select_axes"]
 
 RanksLike = Sequence[int] | npt.NDArray[np.integer]
 """Global ranks in row-major order: a sequence of int or an integer array."""
@@ -201,16 +201,7 @@ class Mesh:
         {'fmesh_mesh': 1, 'axes': [{'name': 'dp', 'shape': [2], 'stride': [1]}],
          'index_size': 2, 'rank_map': [4, 6]}
         """
-        payload = {
-            _VERSION_KEY: JSON_VERSION,
-            "axes": [
-                {"name": n, "shape": list(a.shape), "stride": list(a.stride)}
-                for n, a in zip(self.axis_names, self.axes)
-            ],
-            "index_size": self.index_size,
-            "rank_map": None if self.rank_map is None else list(self.rank_map),
-        }
-        return json.dumps(payload)
+        return mesh_json.dumps(self.axis_names, self.axes, self.index_size, self.rank_map)
 
     @classmethod
     def from_json(cls, text: str) -> Mesh:
@@ -237,7 +228,13 @@ class Mesh:
                 "; decode bytes first, e.g. data.decode()" if isinstance(text, bytes) else ""
             )
             raise TypeError(f"Mesh.from_json() takes a str, got {type(text).__name__}{hint}")
-        return _mesh_from_payload(_json_payload(text))
+        names, layouts, index_size, rank_map = mesh_json.loads(text)
+        try:
+            return cls(names, layouts, index_size, rank_map)
+        except MeshError as err:
+            raise MeshError(
+                f"Mesh.from_json(): the JSON describes no valid mesh: {err}"
+            ) from None
 
     def _axes_str(self) -> str:
         return ", ".join(f"{n}={layout}" for n, layout in zip(self.axis_names, self.axes))
@@ -274,99 +271,6 @@ def select_axes(mesh: Mesh, names: tuple[object, ...], fn: str) -> Mesh:
         axis_names=tuple(mesh.axis_names[p] for p in positions),
         axes=tuple(mesh.axes[p] for p in positions),
     )
-
-
-# -- JSON -------------------------------------------------------------------------------
-
-JSON_VERSION = 1
-"""The schema version :meth:`Mesh.to_json` writes and :meth:`Mesh.from_json` reads."""
-_VERSION_KEY = "fmesh_mesh"
-_FIELDS = (_VERSION_KEY, "axes", "index_size", "rank_map")
-_AXIS_FIELDS = ("name", "shape", "stride")
-_JSON_EXAMPLE = (
-    '{"fmesh_mesh": 1, "axes": [{"name": "dp", "shape": [2], "stride": [1]}], '
-    '"index_size": 2, "rank_map": null}'
-)
-
-
-def _bad_json(what: str) -> MeshError:
-    return MeshError(
-        f"Mesh.from_json(): {what}; expected the text Mesh.to_json() writes, "
-        f"e.g. {_JSON_EXAMPLE}"
-    )
-
-
-def _json_payload(text: str) -> dict[str, object]:
-    """The checked top-level object: the version and the set of fields."""
-    try:
-        payload: object = json.loads(text)
-    except ValueError as err:  # json.JSONDecodeError, or a recursion/overflow refusal
-        shown = text if len(text) <= 40 else text[:37] + "..."
-        raise _bad_json(f"the text {shown!r} is not JSON ({err})") from None
-    if not isinstance(payload, dict):
-        raise _bad_json(f"the JSON is a {type(payload).__name__}, not an object")
-    if _VERSION_KEY not in payload:
-        raise _bad_json(f"the object has no {_VERSION_KEY!r} version field")
-    version = payload[_VERSION_KEY]
-    if not _is_int(version) or version != JSON_VERSION:
-        raise MeshError(
-            f"Mesh.from_json(): schema version {version!r} is not supported; this "
-            f"fmesh reads version {JSON_VERSION} (write the text with the same or an "
-            "older fmesh, or upgrade fmesh)"
-        )
-    _check_fields(payload, _FIELDS, "the object")
-    return payload
-
-
-def _check_fields(obj: dict[str, object], fields: tuple[str, ...], where: str) -> None:
-    missing = [f for f in fields if f not in obj]
-    extra = sorted(str(k) for k in obj if k not in fields)
-    if missing or extra:
-        parts = ([f"lacks {missing}"] if missing else []) + (
-            [f"has unknown fields {extra}"] if extra else []
-        )
-        raise _bad_json(f"{where} {' and '.join(parts)}; its fields are {list(fields)}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int_list(value: object, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(_is_int(v) for v in value):
-        raise _bad_json(f"{where} is {value!r}, not a list of integers")
-    return tuple(value)
-
-
-def _mesh_from_payload(payload: dict[str, object]) -> Mesh:
-    raw_axes = payload["axes"]
-    if not isinstance(raw_axes, list):
-        raise _bad_json(f"'axes' is {raw_axes!r}, not a list of axis objects")
-    names: list[str] = []
-    layouts: list[Layout] = []
-    for k, axis in enumerate(raw_axes):
-        if not isinstance(axis, dict):
-            raise _bad_json(f"axes[{k}] is {axis!r}, not an object")
-        _check_fields(axis, _AXIS_FIELDS, f"axes[{k}]")
-        name = axis["name"]
-        if not isinstance(name, str):
-            raise _bad_json(f"axes[{k}].name is {name!r}, not a string")
-        shape = _int_list(axis["shape"], f"axes[{k}].shape")
-        stride = _int_list(axis["stride"], f"axes[{k}].stride")
-        try:
-            layouts.append(Layout.of(shape, stride))
-        except MeshError as err:
-            raise _bad_json(f"axis {name!r} is no layout: {err}") from None
-        names.append(name)
-    index_size = payload["index_size"]
-    if not _is_int(index_size):
-        raise _bad_json(f"'index_size' is {index_size!r}, not an integer")
-    raw_map = payload["rank_map"]
-    rank_map = None if raw_map is None else _int_list(raw_map, "'rank_map'")
-    try:
-        return Mesh(tuple(names), tuple(layouts), index_size, rank_map)
-    except MeshError as err:
-        raise MeshError(f"Mesh.from_json(): the JSON describes no valid mesh: {err}") from None
 
 
 @overload

@@ -26,7 +26,7 @@ from ._describe import (
 )
 from ._memo import cache_stats, destroy
 from ._mesh import Mesh
-from ._ops import coordinate
+from ._queries import coordinate
 from ._realize import realize
 
 if TYPE_CHECKING:

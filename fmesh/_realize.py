@@ -33,7 +33,7 @@ from ._interop import note_realized
 from ._launch import check_backend, check_timeout, ensure_default_group
 from ._memo import rank_map_key, state
 from ._mesh import Mesh
-from ._ops import coordinate
+from ._queries import coordinate
 from ._rankmap import rank_map_info
 from ._realized import RealizedMesh
 from ._stream import Stream, call_code, combine

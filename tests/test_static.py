@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,65 @@ def test_private_torch_names_live_only_in_the_compat_module() -> None:
     assert offenders == []
     # The checker itself finds what the compat module uses.
     assert len(_private_torch_uses(ROOT / "fmesh" / "_c10d.py")) > 10
+
+
+# -- the shape of the package ---------------------------------------------------------------
+
+MAX_MODULE_LINES = 400
+"""A module longer than this is doing more than one thing: split it."""
+
+
+def _package_imports(path: Path) -> set[str]:
+    """Modules of the package that ``path`` imports anywhere: at the top, inside a
+    function (a lazy import is still a dependency) or for type checking only."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(node.module.split(".")[0])
+            else:
+                found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fmesh."):
+            found.add((node.module or "").split(".")[1])
+    return found - {path.stem}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph``, or ``None``."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)) is not None:
+            return found
+    return None
+
+
+def test_no_module_is_longer_than_the_limit() -> None:
+    long = {
+        p.name: n
+        for p in sorted((ROOT / "fmesh").glob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = {p.stem: _package_imports(p) for p in (ROOT / "fmesh").glob("*.py")}
+    graph.pop("__init__")  # it re-exports everything; nothing imports it back
+    assert _cycle(graph) is None
+    # The checker finds a cycle when there is one.
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert "_memo" in graph["_realize"] and "_realized" in graph["_realize"]
