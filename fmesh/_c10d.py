@@ -47,6 +47,7 @@ __all__ = [
     "init_fake_world",
     "is_live",
     "make_device_mesh",
+    "memory_store",
     "new_named_group",
     "split_from_world",
     "strided_shard",
@@ -87,6 +88,13 @@ def default_store() -> Store:
     from torch.distributed import distributed_c10d as c10d
 
     return c10d._get_default_store()
+
+
+def memory_store() -> Store:
+    """A new in-process store (torch's ``HashStore``): rendezvous with nobody else."""
+    from torch._C._distributed_c10d import HashStore
+
+    return HashStore()
 
 
 def default_timeout(backend: str) -> datetime.timedelta:

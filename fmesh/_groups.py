@@ -39,6 +39,8 @@ from ._rankmap import rank_map_info
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
+    from ._c10d import Store
+
 __all__ = ["AxisRequest", "World", "axis_group"]
 
 logger = logging.getLogger("fmesh")
@@ -218,12 +220,17 @@ def _new_group(
     ticket: _agree.Ticket | None,
 ) -> ProcessGroup | None:
     """Create one group with ranks in coordinate order, explaining failures."""
-    from ._c10d import default_store, new_named_group
+    from ._c10d import default_store, memory_store, new_named_group
 
     name = _group_name(ranks, backend, options_id)
-    # Its own store connection: the rendezvous waits in the store, and a store client
-    # serializes its operations, so threads sharing one would wait on each other.
-    store = None if ticket is None else _agree.thread_store(default_store())
+    if len(ranks) == 1:
+        # A group of one meets nobody: rendezvous in a store of its own, in memory.
+        store: Store | None = memory_store()
+    else:
+        # This thread's own store connection: the rendezvous waits in the store, and
+        # a store client serializes its operations, so threads sharing one would
+        # wait on each other.
+        store = None if ticket is None else _agree.thread_store(default_store())
     try:
         return new_named_group(ranks, me, backend, options, timeout, name, desc, store)
     except Exception as err:  # a peer that never joins shows up as a store timeout
