@@ -40,6 +40,7 @@ from ._queries import instances as instances
 from ._queries import rank_at as rank_at
 from ._realize import realize as realize
 from ._realized import RealizedMesh as RealizedMesh
+from ._recover import recover as recover
 from ._spec import P as P
 from ._spec import PartitionSpec as PartitionSpec
 from ._views import same_groups as same_groups
@@ -93,6 +94,7 @@ __all__ = [
     "placements",
     "rank_at",
     "realize",
+    "recover",
     "rename",
     "replace",
     "same_groups",

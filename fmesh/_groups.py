@@ -58,6 +58,8 @@ class World:
     fake: bool
     eager: bool
     """The default group has a bound device (eagerly initialized NCCL)."""
+    intact: bool = True
+    """No rank was declared lost: the default group may still be used."""
 
 
 @final
@@ -92,7 +94,8 @@ class AxisRequest:
     def served_by_world(self, world: World) -> bool:
         """The default group is this axis's group on every rank (O(1))."""
         return (
-            self.options is None
+            world.intact
+            and self.options is None
             and self.backend == world.backend
             and self.is_world_in_rank_order(world.size)
         )
@@ -160,6 +163,7 @@ def _create(
     backend, options, options_id = _size_one_backend(request, world)
     if (
         request.member
+        and world.intact
         and options is None
         and backend == world.backend
         and request.is_world_in_rank_order(world.size)
@@ -171,11 +175,16 @@ def _create(
     # With an eagerly initialized NCCL world, torch makes every NCCL group by
     # splitting the world communicator, a collective over all ranks; other axes
     # are made by their members alone.
+    # After a loss the world holds dead ranks: groups are made by their members.
     world_collective = (
-        world.eager and "nccl" in backend and request.layout.size > 1 and not world.fake
+        world.eager
+        and world.intact
+        and "nccl" in backend
+        and request.layout.size > 1
+        and not world.fake
     )
-    group_key = (members, backend, options_id)
-    if members is not None and not world_collective:
+    group_key = None if members is None else (members, backend, options_id)
+    if group_key is not None and not world_collective:
         with state.lock:
             pg = state.group_memo.get(group_key)
         if pg is not None:
@@ -190,7 +199,7 @@ def _create(
         )
     else:
         pg = None
-    if pg is None or members is None:
+    if pg is None or members is None or group_key is None:
         return None, 0
     with state.lock:
         state.group_memo[group_key] = pg

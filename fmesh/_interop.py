@@ -33,7 +33,7 @@ import attrs
 from ._errors import MeshError
 from ._launch import check_device_type
 from ._layout import Layout, complement_modes, row_major
-from ._memo import WorldKey, on_reset, world_key
+from ._memo import WorldKey, on_loss, on_reset, world_key
 from ._mesh import Mesh
 from ._queries import instances
 
@@ -68,6 +68,7 @@ class _State:
 
 state = _State()
 on_reset(state.reset)
+on_loss(state.reset)  # DeviceMeshes over the old world hold lost ranks
 
 
 def note_realized(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:

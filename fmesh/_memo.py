@@ -31,6 +31,7 @@ __all__ = [
     "cache_stats",
     "destroy",
     "digest",
+    "on_loss",
     "on_reset",
     "rank_map_key",
     "state",
@@ -40,6 +41,8 @@ __all__ = [
 logger = logging.getLogger("fmesh")
 
 T = TypeVar("T")
+GroupKey = tuple[tuple[int, ...], str, int]
+"""A group by its members (in coordinate order), backend and options ordinal."""
 WorldKey = tuple[int, str]
 """(index space size, rank-map digest): the rank space a mesh lives in."""
 
@@ -71,6 +74,7 @@ class CacheStats:
 
 
 _reset_hooks: list[Callable[[], None]] = []
+_loss_hooks: list[Callable[[], None]] = []
 
 
 def on_reset(hook: Callable[[], None]) -> None:
@@ -79,6 +83,12 @@ def on_reset(hook: Callable[[], None]) -> None:
     per-group state of their own (the DeviceMesh interop) register here, so this
     module never imports them."""
     _reset_hooks.append(hook)
+
+
+def on_loss(hook: Callable[[], None]) -> None:
+    """Call ``hook`` (under the memo lock) after :func:`fmesh.recover` declared ranks
+    lost: state built on groups that may hold them must go."""
+    _loss_hooks.append(hook)
 
 
 @attrs.define
@@ -90,7 +100,8 @@ class State:
     """The default group the memo belongs to."""
     generation: int = 0
     axis_memo: dict[Hashable, ProcessGroup | None] = attrs.field(factory=dict)
-    group_memo: dict[Hashable, ProcessGroup] = attrs.field(factory=dict)
+    group_memo: dict[GroupKey, ProcessGroup] = attrs.field(factory=dict)
+    """(members in coordinate order, backend, options ordinal) -> group."""
     in_flight: dict[Hashable, threading.Event] = attrs.field(factory=dict)
     created_pgs: list[ProcessGroup] = attrs.field(factory=list)
     options_ids: dict[int, tuple[object, int]] = attrs.field(factory=dict)
@@ -98,10 +109,17 @@ class State:
     """Per thread name: numbering, hit history and the calls made (``_stream.py``)."""
     debug: bool = False
     """torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``: every call agrees."""
+    lost: frozenset[int] = frozenset()
+    """World ranks declared lost by :func:`fmesh.recover` (never used again)."""
+    survivors: tuple[int, ...] | None = None
+    """The ranks that agree after a loss, ascending (``None``: the whole world)."""
+    recoveries: int = 0
+    """Recoveries so far: every survivor counts the same."""
     created: int = 0
     reused: int = 0
 
     def reset(self) -> None:
+        self.lost, self.survivors, self.recoveries = frozenset(), None, 0
         self.streams.clear()
         self.axis_memo.clear()
         self.group_memo.clear()
@@ -110,6 +128,31 @@ class State:
         self.generation += 1
         for hook in _reset_hooks:
             hook()
+
+    def forget_lost(self, lost: frozenset[int], world: int) -> None:
+        """After a recovery (``lost`` may be empty): never hand out a group that holds
+        a lost rank again; keep the groups among survivors; number agreements anew (a
+        new key generation, every stream from 1) among the survivors only. Every
+        survivor does this alike."""
+        self.lost = self.lost | lost
+        self.survivors = tuple(r for r in range(world) if r not in self.lost)
+        self.recoveries += 1
+        self.generation += 1
+        self.streams.clear()
+        self.drop_groups([key for key in self.group_memo if not self.lost.isdisjoint(key[0])])
+        for hook in _loss_hooks:
+            hook()
+
+    def drop_groups(self, keys: list[GroupKey]) -> None:
+        """Never hand out these groups again. Kept: the other groups among survivors.
+        Dropped too: the default group (after a loss it holds lost ranks) and
+        non-member entries (cheap to redo)."""
+        for key in keys:
+            del self.group_memo[key]
+        kept = {id(pg) for pg in self.group_memo.values()}
+        for axis, pg in list(self.axis_memo.items()):
+            if pg is None or id(pg) not in kept:
+                del self.axis_memo[axis]
 
     def options_ordinal(self, options: object) -> int:
         """A rank-independent id for an options object: its order of first use."""

@@ -21,7 +21,7 @@ import threading
 import time
 import types
 import urllib.parse
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from . import _agree
@@ -33,7 +33,7 @@ from ._interop import note_realized
 from ._launch import check_backend, check_timeout, ensure_default_group
 from ._memo import rank_map_key, state
 from ._mesh import Mesh
-from ._queries import coordinate
+from ._queries import coordinate, index_of
 from ._rankmap import rank_map_info
 from ._realized import RealizedMesh
 from ._stream import Stream, call_code, combine
@@ -170,6 +170,7 @@ def _world(backend: object) -> World:
             state.reset()
             state.world = world_pg
         state.debug = debug_detail()
+        intact = not state.lost
     return World(
         pg=world_pg,
         size=dist.get_world_size(),
@@ -177,7 +178,32 @@ def _world(backend: object) -> World:
         backend=world_backend,
         fake=world_backend == "fake",
         eager=getattr(world_pg, "bound_device_id", None) is not None,
+        intact=intact,
     )
+
+
+def _agreeing(mesh: Mesh, world: World) -> Sequence[int]:
+    """The ranks that agree (the world less lost ranks); a clear error for a mesh
+    that holds a lost rank, or for a rank that was declared lost itself."""
+    with state.lock:
+        lost, survivors = state.lost, state.survivors
+    if survivors is None:
+        return range(world.size)
+    me = world.rank
+    held = sorted(r for r in lost if index_of(mesh, r) is not None)
+    if held:
+        raise MeshError(
+            f"{mesh!r} holds rank(s) {held}, which fmesh.recover() declared lost; "
+            "realize a mesh of survivors instead, e.g. "
+            "fmesh.shrink(mesh, lost, axis='dp') or fmesh.replace(mesh, {lost: spare})"
+        )
+    if me in lost:
+        raise MeshError(
+            f"rank {me} was declared lost by the other ranks' fmesh.recover() (it did "
+            "not check in within their timeout); it cannot realize meshes with them "
+            "any more: exit and rejoin through a restart"
+        )
+    return survivors
 
 
 def _realize(
@@ -198,6 +224,7 @@ def _realize(
     start = time.perf_counter()
     world = _world(backend)
     _check_world(mesh, world.size)
+    ranks = _agreeing(mesh, world)
     me = world.rank
     coord = coordinate(mesh, me)
     with state.lock:
@@ -241,7 +268,7 @@ def _realize(
         ticket = _agree.agree(
             default_store(),
             rank=me,
-            ranks=range(world.size),
+            ranks=ranks,
             code=combine(history, code),
             record=lambda: _agree.Record(me, combine(history, code), summary, history_text),
             timeout=timeout or DEFAULT_CHECK_TIMEOUT,

@@ -1,0 +1,226 @@
+"""recover: after a communication failure, the surviving ranks agree on who is lost.
+
+Protocol, keys under ``fmesh/r/<epoch>/`` (``P``; the epoch counts recoveries, so it is
+the same on every survivor). Each survivor's *view* is the set of ranks lost before;
+its weight is that of the view (``_agree.weight``), and ``expected`` the ranks not lost
+before:
+
+1. It appends its rank to ``P+"who"`` and adds its weight to ``P+"n"``. The survivor
+   whose add completes ``len(expected) * weight`` (every expected rank checked in, all
+   with the same view) sets ``P+"all"``. A sum that is no multiple of its weight means
+   another survivor has another view: it records a mismatch verdict and sets ``all``.
+2. It waits for ``all`` up to ``timeout``. On time out, the first survivor to claim
+   ``P+"coord"`` reads ``who`` once and proposes the ranks that did not check in; the
+   others wait for that (and propose themselves if the coordinator died meanwhile).
+3. ``compare_set(P+"verdict", "", proposal)``: the first proposal is the verdict every
+   survivor returns (a rank it declares lost raises instead). Whoever decided by
+   timing out sets ``all``, so survivors that checked in later stop waiting at once.
+4. Each survivor of the verdict adds 1 to ``P+"read"``; the last removes the keys but
+   ``all`` and ``verdict`` (a survivor later than the timeout still reads that it was
+   declared lost), and those two of the previous recovery.
+
+Afterwards fmesh agrees among the survivors only, under a new key generation, never
+hands out a group that holds a lost rank, and keeps the groups among survivors
+(``State.forget_lost``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import TYPE_CHECKING
+
+from . import _agree
+from ._disagree import append, wait_get
+from ._errors import LaunchError, MeshMismatchError
+from ._launch import check_timeout
+from ._memo import state
+from ._stream import call_code
+
+if TYPE_CHECKING:
+    from ._c10d import Store
+
+__all__ = ["KEY_ROOT", "recover"]
+
+logger = logging.getLogger("fmesh")
+
+KEY_ROOT = "fmesh/r/"
+"""Every key of the recovery protocol starts with this string."""
+_KEYS = ("n", "who", "coord", "read")
+_KEPT = ("all", "verdict")
+_GRACE = 5.0
+"""Seconds a survivor waits for the coordinator's verdict before proposing one."""
+_STORE_HELP = (
+    "Recovery needs a store that outlives any rank: launch with torchrun, whose agent "
+    "hosts the store (TORCHELASTIC_USE_AGENT_STORE), or host a TCPStore in a process "
+    "that does not train."
+)
+
+
+def _ranks(text: str) -> list[int]:
+    return [int(r) for r in text.split(",") if r]
+
+
+def recover(*, timeout: datetime.timedelta) -> frozenset[int]:
+    """Agree with the other surviving ranks on which ranks are lost; carry on without them.
+
+    Call it on every surviving rank after a collective failed (a peer died or stalled),
+    within ``timeout`` of one another. It returns, on every survivor, the same set:
+    the ranks that did not check in within ``timeout`` (ranks lost in earlier
+    recoveries are not counted again). From then on fmesh agrees among the survivors
+    only; realizing a mesh that holds a lost rank is an error; groups among survivors
+    stay memoized; the default group (which holds the lost ranks) is not used again.
+    Build the next mesh with :func:`fmesh.shrink` or :func:`fmesh.replace`.
+
+    Args:
+        timeout: how long each survivor waits for the others to check in. Make it
+            longer than the collective timeout (realize's ``timeout``), so that a
+            survivor stuck in a collective with a rank that already moved on can
+            still arrive.
+
+    Returns:
+        The ranks this recovery declared lost (empty if every rank checked in).
+
+    Raises:
+        MeshMismatchError: survivors disagree about the ranks lost before; this rank
+            checked in after the others declared it lost; the store is gone.
+        LaunchError: no default process group.
+    """
+    import torch.distributed as dist
+
+    from ._c10d import default_store
+
+    wait = check_timeout(timeout, "recover")
+    if wait is None:
+        raise TypeError(
+            "recover() needs a timeout, e.g. timeout=datetime.timedelta(seconds=60)"
+        )
+    if not dist.is_initialized():
+        raise LaunchError(
+            "fmesh.recover() needs the default process group of the job it recovers; "
+            "call it after realize() (or torch.distributed.init_process_group)"
+        )
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with state.lock:
+        before, epoch = state.lost, state.recoveries + 1
+    if rank in before:
+        raise MeshMismatchError(
+            f"rank {rank} was declared lost by an earlier recovery; it cannot rejoin "
+            "in-process: exit and come back through a restart"
+        )
+    expected = [r for r in range(world) if r not in before]
+    view = sorted(before)
+    w = _agree.weight(call_code("fmesh.recover", epoch, view), world)
+    conn = _agree.thread_store(default_store())
+    try:
+        lost = _verdict(conn, epoch, rank, expected, view, w, wait)
+    except dist.DistError as err:
+        raise MeshMismatchError(
+            f"rank {rank} lost the store during fmesh.recover() (recovery #{epoch}): "
+            f"{err}. The process that hosted it may be the one that died. " + _STORE_HELP
+        ) from err
+    with state.lock:
+        state.forget_lost(frozenset(lost), world)
+    broken = _probe()
+    logger.warning(
+        "fmesh.recover on rank %d: ranks %s lost; groups among survivors that a failed "
+        "collective broke, dropped: %d",
+        rank,
+        lost,
+        broken,
+    )
+    return frozenset(lost)
+
+
+def _probe() -> int:
+    """Keep only the memoized groups that still work; how many were dropped.
+
+    A failed collective can break a group of survivors too (gloo closes a pair when a
+    collective times out; NCCL aborts the communicator). Every survivor runs a barrier
+    on each group it holds, in one order (by members) on every rank, so the probes of
+    different groups cannot wait on each other in a cycle.
+    """
+    import torch.distributed as dist
+
+    with state.lock:
+        held = sorted((key for key in state.group_memo if len(key[0]) > 1), key=lambda k: k[0])
+        groups = [(key, state.group_memo[key]) for key in held]
+    broken = []
+    for key, pg in groups:
+        try:
+            dist.barrier(group=pg)
+        except RuntimeError:  # torch's DistError: the group is gone
+            broken.append(key)
+    if broken:
+        with state.lock:
+            state.drop_groups(broken)
+    return len(broken)
+
+
+def _verdict(
+    conn: Store,
+    epoch: int,
+    rank: int,
+    expected: list[int],
+    view: list[int],
+    w: int,
+    wait: datetime.timedelta,
+) -> list[int]:
+    import torch.distributed as dist
+
+    p = f"{KEY_ROOT}{epoch}/"
+    append(conn, p + "who", f"{rank},")
+    s = conn.add(p + "n", w)
+    if s % w:
+        conn.compare_set(
+            p + "verdict",
+            "",
+            f"x:rank {rank} considered ranks {view} lost before this recovery, another "
+            "survivor did not (they made different numbers of recoveries, or one "
+            "recovered alone)",
+        )
+        conn.set(p + "all", "1")
+    elif s == len(expected) * w:
+        conn.set(p + "all", "1")
+    try:
+        conn.wait([p + "all"], wait)
+        verdict = conn.compare_set(p + "verdict", "", "v:").decode()
+    except dist.DistStoreError:
+        proposal = _propose(conn, p, rank, expected)
+        verdict = conn.compare_set(p + "verdict", "", proposal).decode()
+        conn.set(p + "all", "1")  # wake the survivors still waiting: it is decided
+    if verdict.startswith("x:"):
+        raise MeshMismatchError(
+            f"survivors disagree about the ranks lost before: {verdict[2:]}. Every "
+            "survivor must call fmesh.recover() after every failure, the same number "
+            "of times."
+        )
+    lost = _ranks(verdict[2:])
+    if rank in lost:
+        raise MeshMismatchError(
+            f"rank {rank} checked in to fmesh.recover() after the other survivors' "
+            f"timeout of {wait.total_seconds():g}s, so they declared it lost (with "
+            f"ranks {[r for r in lost if r != rank]}); it cannot rejoin in-process: exit "
+            "and come back through a restart, or pass a longer recover(timeout=...)"
+        )
+    if conn.add(p + "read", 1) == len(expected) - len(lost):
+        # The verdict and its wake-up key stay until the next recovery, so a survivor
+        # that checks in later still learns it was declared lost.
+        for key in _KEYS:
+            conn.delete_key(p + key)
+        previous = f"{KEY_ROOT}{epoch - 1}/"
+        for key in _KEPT:
+            conn.delete_key(previous + key)
+    return lost
+
+
+def _propose(conn: Store, p: str, rank: int, expected: list[int]) -> str:
+    """After waiting in vain: the ranks that never checked in (read once, by the
+    coordinator, unless it died before publishing)."""
+    mine = str(rank)
+    if conn.compare_set(p + "coord", "", mine).decode() != mine:
+        raw = wait_get(conn, p + "verdict", _GRACE)
+        if raw is not None:
+            return raw.decode()
+    here = set(_ranks(conn.get(p + "who").decode()))
+    return "v:" + ",".join(str(r) for r in expected if r not in here)
