@@ -10,6 +10,8 @@ What changed across the range, and where it matters:
 * ``_new_process_group_helper`` returns ``ProcessGroup | Literal[-100]`` (2.14) or a
   ``_NonGroupMember`` (2.15) for non-members instead of ``None`` (2.11-2.13).
 * ``split_group`` takes ``backend=`` from 2.13 on; 2.15 returns a non-member sentinel.
+* ``shrink_group`` (NCCL communicator shrink) is used where it exists and the
+  group's backend says it supports shrinking.
 * ``DeviceMesh._layout`` is a pycute layout with nested modes on 2.11 and a tuple of
   ``_FlatLayout`` axes from 2.13 on; flattened layouts normalize differently.
 """
@@ -49,6 +51,7 @@ __all__ = [
     "make_device_mesh",
     "memory_store",
     "new_named_group",
+    "shrink_from",
     "split_from_world",
     "strided_shard",
     "strided_shard_parts",
@@ -192,6 +195,26 @@ def split_from_world(
         **kwargs,
     )
     return _member_or_none(pg)
+
+
+def shrink_from(parent: ProcessGroup, exclude: Sequence[int]) -> ProcessGroup | None:
+    """``shrink_group`` of ``parent`` without its group ranks ``exclude`` (NCCL's
+    communicator shrink: no new rendezvous), or ``None`` where torch or the backend
+    cannot shrink it. The remaining ranks keep their order."""
+    import torch
+    import torch.distributed as dist
+
+    shrink = getattr(dist, "shrink_group", None)
+    if shrink is None:
+        return None
+    try:
+        device = parent.bound_device_id or torch.device("cuda")
+        backend: Any = parent._get_backend(device)
+        if not getattr(backend, "supports_shrinking", False):  # not in every version
+            return None
+    except (RuntimeError, AttributeError):
+        return None
+    return _member_or_none(shrink(list(exclude), group=parent))
 
 
 def fake_store() -> Store:

@@ -31,7 +31,7 @@ import attrs
 from . import _agree
 from ._errors import MeshMismatchError
 from ._layout import Layout
-from ._memo import digest, rank_map_key, state
+from ._memo import GroupKey, digest, rank_map_key, state
 from ._mesh import Mesh
 from ._queries import group, rank_of
 from ._rankmap import rank_map_info
@@ -193,6 +193,8 @@ def _create(
     wait = timeout if timeout is not None else default_timeout(backend)
     if world_collective:
         pg = _split(request, world, backend, options, options_id, timeout, wait, desc)
+    elif group_key is not None and (shrunk := _shrunk(group_key)) is not None:
+        pg = shrunk
     elif members is not None:
         pg = _new_group(
             request.name, members, world.rank, backend, options, options_id, wait, desc, ticket
@@ -211,6 +213,31 @@ def _create(
         backend,
     )
     return pg, 1
+
+
+def _shrunk(key: GroupKey) -> ProcessGroup | None:
+    """After a loss, on NCCL: the group shrunk from a retired one whose survivors are
+    exactly ``key``'s members, in the same order (no new rendezvous); else ``None``.
+    Every member finds the same retired group: retirement is the same on survivors."""
+    from ._c10d import shrink_from
+
+    members, backend, options_id = key
+    if "nccl" not in backend:
+        return None
+    with state.lock:
+        lost = state.lost
+        found = [
+            (old, pg)
+            for old, pg in state.retired.items()
+            if old[1:] == (backend, options_id)
+            and tuple(r for r in old[0] if r not in lost) == members
+        ]
+    for (old_members, _, _), pg in sorted(found, key=lambda item: item[0][0]):
+        exclude = [i for i, r in enumerate(old_members) if r in lost]
+        shrunk = shrink_from(pg, exclude)
+        if shrunk is not None:
+            return shrunk
+    return None
 
 
 def _group_name(ranks: tuple[int, ...], backend: str, options_id: int) -> str:

@@ -115,11 +115,15 @@ class State:
     """The ranks that agree after a loss, ascending (``None``: the whole world)."""
     recoveries: int = 0
     """Recoveries so far: every survivor counts the same."""
+    retired: dict[GroupKey, ProcessGroup] = attrs.field(factory=dict)
+    """Groups that held a lost rank: never handed out, but an NCCL one may be shrunk
+    into a group of its survivors."""
     created: int = 0
     reused: int = 0
 
     def reset(self) -> None:
         self.lost, self.survivors, self.recoveries = frozenset(), None, 0
+        self.retired.clear()
         self.streams.clear()
         self.axis_memo.clear()
         self.group_memo.clear()
@@ -139,7 +143,9 @@ class State:
         self.recoveries += 1
         self.generation += 1
         self.streams.clear()
-        self.drop_groups([key for key in self.group_memo if not self.lost.isdisjoint(key[0])])
+        gone = [key for key in self.group_memo if not self.lost.isdisjoint(key[0])]
+        self.retired.update((key, self.group_memo[key]) for key in gone)
+        self.drop_groups(gone)
         for hook in _loss_hooks:
             hook()
 

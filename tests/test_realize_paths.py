@@ -144,3 +144,86 @@ def test_split_passes_the_axis_backend(calls: list[Call]) -> None:
         ("split_group", fmesh.group(mesh, "tp", ME), "nccl"),
         ("new_group", fmesh.group(mesh, "dp", ME), "gloo"),
     ]
+
+
+# -- after a loss (fmesh.recover declared ranks lost) ---------------------------------------
+
+
+@pytest.fixture
+def shrinks(
+    monkeypatch: pytest.MonkeyPatch, calls: list[Call]
+) -> list[tuple[object, list[int]]]:
+    """Record NCCL communicator shrinks instead of making them."""
+    made: list[tuple[object, list[int]]] = []
+
+    def shrink_from(parent: object, exclude: list[int]) -> object:
+        made.append((parent, list(exclude)))
+        return ("shrunk", parent, tuple(exclude))
+
+    monkeypatch.setattr(_c10d, "shrink_from", shrink_from)
+    return made
+
+
+def _lose(ranks: set[int], world: int = 8) -> None:
+    with _memo.state.lock:
+        _memo.state.forget_lost(frozenset(ranks), world)
+
+
+def _run_after_loss(mesh: fmesh.Mesh, axis: str, backend: str = "nccl") -> object:
+    pos = mesh.axis_names.index(axis)
+    request = _groups.AxisRequest(
+        mesh=mesh,
+        name=axis,
+        layout=mesh.axes[pos],
+        member=fmesh.coordinate(mesh, ME) is not None,
+        backend=backend,
+        options=None,
+        options_id=0,
+        explicit=False,
+    )
+    world = _groups.World(
+        pg=WORLD_PG,
+        size=8,
+        rank=ME,
+        backend="cpu:gloo,cuda:nccl",
+        fake=False,
+        eager=True,
+        intact=False,
+    )
+    pg, _ = _groups.axis_group(request, world, None, None)
+    return pg
+
+
+def test_after_a_loss_a_group_of_survivors_is_shrunk_from_the_retired_one(
+    calls: list[Call], shrinks: list[tuple[object, list[int]]]
+) -> None:
+    mesh = fmesh.make_mesh({"dp": 4, "tp": 2})  # dp groups [1, 3, 5, 7] for rank 5
+    old = _run(mesh, "dp")
+    assert old == ("pg", (1, 3, 5, 7))
+    _lose({3})
+    smaller = fmesh.shrink(mesh, {3}, axis="dp")
+    assert fmesh.group(smaller, "dp", ME) == (1, 5, 7)
+    got = _run_after_loss(smaller, "dp")
+    # No world split (the world holds rank 3), no new rendezvous: group rank 1 of
+    # the old group goes, the survivors keep their order.
+    assert got == ("shrunk", old, (1,))
+    assert shrinks == [(old, [1])]
+    assert [c[0] for c in calls] == ["split_group"]  # only the first, before the loss
+
+
+def test_after_a_loss_other_groups_are_made_by_their_members(
+    calls: list[Call], shrinks: list[tuple[object, list[int]]]
+) -> None:
+    mesh = fmesh.make_mesh({"dp": 4, "tp": 2})
+    tp = _run(mesh, "tp")  # [4, 5]: no lost rank
+    _lose({3})
+    assert _run_after_loss(mesh["tp"], "tp") is tp  # a survivor group stays memoized
+    survivors = fmesh.make_mesh({"dp": 2, "tp": 2}, ranks=[4, 5, 6, 7])
+    # dp [5, 7] is no retired group less lost ranks (rank 5's was [1, 3, 5, 7] only
+    # if realized; here none was): made by its members, not split from the world.
+    assert _run_after_loss(survivors, "dp") == ("pg", (5, 7))
+    assert calls[-1] == ("new_group", (5, 7), "nccl")
+    assert shrinks == []
+    # The whole world is no longer the default group's job.
+    world = _run_after_loss(fmesh.make_mesh({"w": 8}), "w", backend="cpu:gloo,cuda:nccl")
+    assert world == ("pg", tuple(range(8))) and world is not WORLD_PG
