@@ -22,7 +22,9 @@ import time
 import types
 import urllib.parse
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, final
+
+import attrs
 
 from . import _agree
 from ._axes import axis_position
@@ -254,7 +256,7 @@ def _realize(
             tuple(r.backend for r in requests),
             tuple(r.options_id for r in requests),
         )
-        summary = _summary(mesh, requests)
+        summary = _Summary(mesh, tuple((r.name, r.backend, r.options_id) for r in requests))
         hit = all(r.key in stream.known or r.served_by_world(world) for r in requests)
         agrees = not hit or check or state.debug
         number, history, history_text = stream.number() if agrees else (0, 0, "")
@@ -270,7 +272,9 @@ def _realize(
             rank=me,
             ranks=ranks,
             code=combine(history, code),
-            record=lambda: _agree.Record(me, combine(history, code), summary, history_text),
+            record=lambda: _agree.Record(
+                me, combine(history, code), str(summary), history_text
+            ),
             timeout=timeout or DEFAULT_CHECK_TIMEOUT,
             prefix=(
                 f"{_agree.KEY_ROOT}{generation}/"
@@ -324,12 +328,21 @@ def _as_hit(realized: RealizedMesh) -> RealizedMesh:
     )
 
 
-def _summary(mesh: Mesh, requests: tuple[AxisRequest, ...]) -> str:
-    backends = {r.backend for r in requests}
-    if len(backends) == 1:
-        text = f"{mesh!r} on {backends.pop()}"
-    else:
-        text = f"{mesh!r} with backends {dict((r.name, r.backend) for r in requests)}"
-    if any(r.options_id for r in requests):
-        text += f" and options #{[r.options_id for r in requests]}"
-    return text
+@final
+@attrs.frozen(slots=True)
+class _Summary:
+    """A call in words, made only when a message needs it (a hit must stay cheap)."""
+
+    mesh: Mesh
+    axes: tuple[tuple[str, str, int], ...]
+    """(axis name, backend, options ordinal) per axis."""
+
+    def __str__(self) -> str:
+        backends = {b for _, b, _ in self.axes}
+        if len(backends) == 1:
+            text = f"{self.mesh!r} on {backends.pop()}"
+        else:
+            text = f"{self.mesh!r} with backends {dict((n, b) for n, b, _ in self.axes)}"
+        if any(o for _, _, o in self.axes):
+            text += f" and options #{[o for _, _, o in self.axes]}"
+        return text

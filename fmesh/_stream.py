@@ -65,15 +65,16 @@ class Stream(Generic[T]):
     """Running hash of the calls since the last agreement (0: none)."""
     hits: int = 0
     """Calls since the last agreement (memo hits)."""
-    recent: collections.deque[str] = attrs.field(
+    recent: collections.deque[object] = attrs.field(
         factory=lambda: collections.deque(maxlen=_RECENT)
     )
     known: set[Hashable] = attrs.field(factory=set)
     """Axis keys realized in this stream."""
-    calls: dict[Hashable, tuple[T, int, str]] = attrs.field(factory=dict)
-    """Call key -> (what a hit returns, call code, summary) of calls made before."""
+    calls: dict[Hashable, tuple[T, int, object]] = attrs.field(factory=dict)
+    """Call key -> (what a hit returns, call code, summary) of calls made before; a
+    summary is anything whose ``str`` describes the call (made only for messages)."""
 
-    def hit(self, code: int, summary: str) -> None:
+    def hit(self, code: int, summary: object) -> None:
         """Record a call that agreed with nobody (a memo hit)."""
         self.history = combine(self.history, code)
         self.hits += 1
@@ -97,7 +98,7 @@ class Stream(Generic[T]):
         """
         if not self.hits:
             return ""
-        shown = "; ".join(self.recent)
+        shown = "; ".join(map(str, self.recent))
         if self.hits > len(self.recent):
             shown = f"the last {len(self.recent)}: {shown}"
         calls = "call" if self.hits == 1 else "calls"
