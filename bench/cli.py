@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from . import fake, gloo, memory, pure, report
+from . import fake, gloo, hits, memory, pure, report
 from .launch import WorkerError
 from .shared import SHAPES, Bench, Json, Mode, expert_shape
 
@@ -46,6 +46,8 @@ MODES = {
         titan_repeats=3,
         gloo=(((1, 1, 2, 1, 2), 7), ((1, 2, 2, 1, 2), 5), ((2, 2, 2, 1, 2), 3)),
         memory_world=2**20,
+        hit_rounds=1000,
+        hit_budget_s=0.3,
     ),
     "quick": Mode(
         "quick",
@@ -57,6 +59,8 @@ MODES = {
         titan_repeats=1,
         gloo=(((1, 1, 2, 1, 2), 1),),
         memory_world=2**14,
+        hit_rounds=300,
+        hit_budget_s=0.1,
     ),
     "smoke": Mode(
         "smoke",
@@ -68,12 +72,15 @@ MODES = {
         titan_repeats=1,
         gloo=(((1, 1, 2, 1, 1), 1),),
         memory_world=2**8,
+        hit_rounds=20,
+        hit_budget_s=0.01,
     ),
 }
 SECTIONS: tuple[Callable[[Bench], None], ...] = (
     pure.section,
     fake.section_realize,
     fake.section_interop,
+    hits.section,
     gloo.section,
     memory.section,
 )

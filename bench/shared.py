@@ -266,6 +266,10 @@ class Mode:
     gloo: tuple[tuple[tuple[int, int, int, int, int], int], ...]
     """(5-d shape, repeats) of each real-gloo job."""
     memory_world: int
+    hit_rounds: int
+    """Rounds of the memo-hit workload (each of its calls once per round)."""
+    hit_budget_s: float
+    """Time after which torch's side of the hit workload stops adding rounds."""
     torch_limit_s: float = 60.0
     """Skip a torch measurement estimated to take longer than this."""
 
