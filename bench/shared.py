@@ -270,6 +270,11 @@ class Mode:
     """Rounds of the memo-hit workload (each of its calls once per round)."""
     hit_budget_s: float
     """Time after which torch's side of the hit workload stops adding rounds."""
+    store_ranks: tuple[int, ...]
+    """Simulated ranks of each store-load measurement."""
+    store_calls: int
+    """Creating calls per store-load phase (each rank makes them back to back)."""
+    store_repeats: int
     torch_limit_s: float = 60.0
     """Skip a torch measurement estimated to take longer than this."""
 
