@@ -205,7 +205,10 @@ ROWS = (
         "memo",
         "seconds",
         "the same realize calls again (memo hits): wall time, max over ranks",
-        "4 calls, each a lookup in the calling thread's memo: no store request, no peer",
+        "the recipe again: its mesh values built anew (make_mesh, flatten, slice) and 4 "
+        "realize calls, each a lookup in the calling thread's memo (no store request, no "
+        "peer); ranks share the CPUs, so the slowest rank's wall time includes waiting "
+        "for one",
         torch_metric="",
         skipped="no memo",
     ),
