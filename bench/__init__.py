@@ -9,11 +9,16 @@ One module per subject, each declaring its rows as data:
 * :mod:`bench.pure` -- pure operations (no process group for fmesh);
 * :mod:`bench.fake` -- realize on torch's ``fake`` backend (large worlds), and
   ``to_device_mesh`` of a sub-mesh;
+* :mod:`bench.hits` -- memo hits against torch slicing its own mesh (fake backend;
+  the same workload is a phase of the gloo jobs);
 * :mod:`bench.gloo` -- realize on real gloo processes (the bench's own launcher);
+* :mod:`bench.store_load` -- what a creating call's agreement costs one TCPStore
+  server, at up to 1024 simulated ranks (fmesh's agreement vs torch's store barrier);
 * :mod:`bench.memory` -- size of a mesh value and of a realized mesh;
 
 with :mod:`bench.shared` (shapes, rows, timing, formatting), :mod:`bench.launch`
-(fresh processes), :mod:`bench.recipes` (the meshes a trainer builds, for both
-libraries), :mod:`bench.torch_ref` (torch's side; the only bench module using private
-torch names) and :mod:`bench.report` (the tables and the README section).
+(fresh processes), :mod:`bench.counting` (store requests as they go on the wire),
+:mod:`bench.recipes` (the meshes a trainer builds, for both libraries),
+:mod:`bench.torch_ref` (torch's side; the only bench module using private torch
+names) and :mod:`bench.report` (the tables and the README section).
 """

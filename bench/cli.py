@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from . import fake, gloo, memory, pure, report
+from . import fake, gloo, hits, memory, pure, report, store_load
 from .launch import WorkerError
 from .shared import SHAPES, Bench, Json, Mode, expert_shape
 
@@ -46,6 +46,11 @@ MODES = {
         titan_repeats=3,
         gloo=(((1, 1, 2, 1, 2), 7), ((1, 2, 2, 1, 2), 5), ((2, 2, 2, 1, 2), 3)),
         memory_world=2**20,
+        hit_rounds=1000,
+        hit_budget_s=0.3,
+        store_ranks=(64, 256, 1024),
+        store_calls=10,
+        store_repeats=3,
     ),
     "quick": Mode(
         "quick",
@@ -57,6 +62,11 @@ MODES = {
         titan_repeats=1,
         gloo=(((1, 1, 2, 1, 2), 1),),
         memory_world=2**14,
+        hit_rounds=300,
+        hit_budget_s=0.1,
+        store_ranks=(64, 256),
+        store_calls=5,
+        store_repeats=1,
     ),
     "smoke": Mode(
         "smoke",
@@ -68,13 +78,20 @@ MODES = {
         titan_repeats=1,
         gloo=(((1, 1, 2, 1, 1), 1),),
         memory_world=2**8,
+        hit_rounds=20,
+        hit_budget_s=0.01,
+        store_ranks=(16,),
+        store_calls=2,
+        store_repeats=1,
     ),
 }
 SECTIONS: tuple[Callable[[Bench], None], ...] = (
     pure.section,
     fake.section_realize,
     fake.section_interop,
+    hits.section,
     gloo.section,
+    store_load.section,
     memory.section,
 )
 
@@ -122,6 +139,7 @@ def measure(mode: Mode, log: Callable[[str], None]) -> tuple[Json, list[str]]:
         "titan_world": mode.titan_world,
         "expert_shape": expert_shape(SHAPES[mode.titan_world]),
         "gloo_shapes": [list(shape) for shape, _ in mode.gloo],
+        "store_ranks": list(mode.store_ranks),
         "errors": errors,
         "rows": [asdict(r) for r in b.rows],
         "raw": b.raw,

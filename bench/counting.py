@@ -12,11 +12,12 @@ from __future__ import annotations
 import collections
 import datetime
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch._C._distributed_c10d import Store
 
-__all__ = ["AGREE", "CountingStore", "kind"]
+__all__ = ["AGREE", "CountingStore", "agree_call", "delta", "kind", "per_call"]
 
 AGREE = "fmesh/a/"
 """What every key of fmesh's agreement contains."""
@@ -25,6 +26,28 @@ AGREE = "fmesh/a/"
 def kind(key: str) -> str:
     """``"agree"`` for fmesh's agreement keys, ``"other"`` for the rest."""
     return "agree" if AGREE in key else "other"
+
+
+def delta(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
+    """Counts added between two snapshots (keys with none left out)."""
+    out = {k: n - before.get(k, 0) for k, n in after.items()}
+    return {k: n for k, n in out.items() if n}
+
+
+def per_call(keys: Mapping[str, int], call: Callable[[str], str | None]) -> dict[str, int]:
+    """Requests per call: the per-key counts ``keys`` summed by ``call(key)`` (the
+    call a key belongs to, ``None`` for keys of no call)."""
+    out: collections.Counter[str] = collections.Counter()
+    for key, n in keys.items():
+        which = call(key)
+        if which is not None:
+            out[which] += n
+    return dict(out)
+
+
+def agree_call(key: str) -> str | None:
+    """The call of an agreement key: its prefix (every key of one call shares it)."""
+    return key.rpartition("/")[0] if AGREE in key else None
 
 
 class CountingStore(Store):
@@ -40,16 +63,26 @@ class CountingStore(Store):
             parent.reads if parent is not None else collections.Counter()
         )
         """``get`` requests per key."""
+        self.keys: collections.Counter[str] = (
+            parent.keys if parent is not None else collections.Counter()
+        )
+        """Requests per key (a multi-key request counts for its first key)."""
         self._lock: threading.Lock = parent._lock if parent is not None else threading.Lock()
 
     def _n(self, keys: str | list[str], n: int = 1) -> None:
         key = keys if isinstance(keys, str) else (keys[0] if keys else "")
         with self._lock:
             self.counts[kind(key)] += n
+            self.keys[key] += n
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self.counts)
+
+    def key_snapshot(self) -> dict[str, int]:
+        """Requests per key so far."""
+        with self._lock:
+            return dict(self.keys)
 
     def key_reads(self, suffix: str) -> int:
         """``get`` requests of keys ending with ``suffix``."""

@@ -4,11 +4,13 @@ Every measurement runs in a fresh process forked from a server that has imported
 torch once: process groups are process-global, so each measurement starts with none,
 and none pays (or times) a torch import. A real-gloo job is one such process per rank
 on a store this process hosts (as torchrun's agent does), with no cap on the number
-of ranks.
+of ranks. A :class:`Service` is a fresh process that answers requests until stopped
+(a store server, a crowd of store clients).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing
 import multiprocessing.context
@@ -19,11 +21,14 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Any
 
 from . import torch_ref
 from .shared import Json
 
 Worker = Callable[[Json], Json]
+Server = Callable[[Json, Connection], None]
+"""Runs a service: reads requests from the connection, answers each with :func:`reply`."""
 
 
 class WorkerError(RuntimeError):
@@ -134,3 +139,70 @@ def run_gloo_job(worker: Worker, world: int, spec: Json, timeout_s: float) -> li
                 r.proc.join(10)
     del store
     return results
+
+
+# -- services -----------------------------------------------------------------------------
+
+
+def reply(conn: Connection, payload: object) -> None:
+    """Answer the request a service is serving."""
+    conn.send(("ok", payload))
+
+
+def _serve(server: Server, spec: Json, conn: Connection) -> None:
+    try:
+        server(spec, conn)
+    except BaseException:  # report everything; the parent decides
+        conn.send(("error", traceback.format_exc()))
+    conn.close()
+    os._exit(0)
+
+
+@dataclass
+class Service:
+    """A process that answers requests until it is closed."""
+
+    what: str
+    proc: multiprocessing.process.BaseProcess
+    conn: Connection
+
+    def send(self, request: object) -> None:
+        self.conn.send(request)
+
+    def receive(self, timeout_s: float) -> Any:
+        """The next answer; raise WorkerError if the service failed or died."""
+        if not self.conn.poll(timeout_s):
+            raise WorkerTimeout(f"{self.what} gave no answer within {timeout_s:.0f} s")
+        try:
+            status, payload = self.conn.recv()
+        except EOFError:
+            self.proc.join(10)
+            raise WorkerError(
+                f"{self.what} died with exit code {self.proc.exitcode}"
+            ) from None
+        if status != "ok":
+            raise WorkerError(f"{self.what} failed:\n{payload}")
+        return payload
+
+    def ask(self, request: object, timeout_s: float) -> Any:
+        self.send(request)
+        return self.receive(timeout_s)
+
+    def close(self) -> None:
+        """Stop the process (it is asked first: ``None`` is every service's stop)."""
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        self.conn.close()
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()  # only the process this benchmark started
+            self.proc.join(10)
+
+
+def serve(server: Server, spec: Json) -> Service:
+    ctx = context()
+    mine, theirs = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=_serve, args=(server, spec, theirs), daemon=True)
+    proc.start()
+    theirs.close()
+    return Service(f"{server.__module__}.{server.__name__}", proc, mine)

@@ -71,7 +71,8 @@ def caption(payload: Json) -> str:
         f"dp_shard, cp). torchtitan's meshes at {world_str(titan)}: the dense mesh above "
         f"and the expert view {shape_str(EXPERT_NAMES)} = "
         f"{shape_str(payload['expert_shape'])}, flattens batch, loss and fsdp of the "
-        "dense one.*"
+        f"dense one. Memo hits: the 3-axis mesh {shape_str(('dp', 'fsdp', 'tp'))} = "
+        f"{shape_str(('(pp·dp_replicate)', '(dp_shard·cp)', 'tp'))} of each shape.*"
     )
 
 
@@ -141,10 +142,11 @@ def intro(payload: Json) -> str:
         f"(the run below took {fmt_duration(payload['machine']['seconds'])}); "
         "`python -m bench --quick` and `--smoke` write to `bench/out/` (ignored by git) "
         "instead. `tests/test_bench.py` checks that this section is what "
-        "`bench/results.json` renders. Shown: each benchmark at its largest size and "
-        "the real-gloo wall times and groups at every size; `bench/results.md` has "
-        f"every size ({world_str(min(worlds))} to {world_str(max(worlds))} ranks on the "
-        "fake backend)."
+        "`bench/results.json` renders. Shown: each benchmark at its largest size, and at "
+        "every size the real-gloo wall times, groups and memo hits, the fake-backend memo "
+        "hits, the store server's CPU per rank and its extrapolations; `bench/results.md` "
+        f"has every size ({world_str(min(worlds))} to {world_str(max(worlds))} ranks on "
+        "the fake backend)."
     )
 
 
@@ -180,6 +182,10 @@ def prose(payload: Json, rows: list[Row], shown: list[Row]) -> list[str]:
         out.append(text)
     else:
         out.append(f"fmesh is ahead or at par in all {len(shown)} rows shown.")
+    par = [r for r in shown if r.ratio is not None and 0.95 <= r.ratio <= 1.05]
+    if par:
+        labels = "; ".join(f"{r.bench} at {r.world} ({fmt_ratio(r.ratio)})" for r in par)
+        out.append(f"fmesh is only at par (within 5%) or equal in {len(par)}: {labels}.")
     fake = q.get("fake.trainer5.calls")
     if fake is not None:
         w = fake.ranks
@@ -215,25 +221,124 @@ def prose(payload: Json, rows: list[Row], shown: list[Row]) -> list[str]:
             f"`dm['dp_shard', 'tp']` {q.t('interop.sub_device_mesh.first', w)} and "
             f"{q.t('interop.sub_device_mesh.repeat', w)}."
         )
-    gloo = q.get("gloo.trainer5.keys")
-    world_1d = q.get("gloo.world_1d.keys")
-    if gloo is not None and world_1d is not None:
-        w, label = gloo.ranks, gloo.world
-        # With no group to create, any store key fmesh adds is its mesh check's.
-        check = ": that is the cross-rank mesh check alone" if world_1d.fmesh else ""
+    out.extend(_gloo_prose(q))
+    out.extend(_hit_prose(q))
+    out.extend(_store_prose(q))
+    return out
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _each(q: Finder, key: str, side: str) -> str:
+    """A figure at every size of ``key`` (``side``: ``f``, ``t`` or ``ratio``)."""
+    get = {"f": q.f, "t": q.t, "ratio": q.ratio}[side]
+    return _and([get(key, w) for w in q.sizes(key)])
+
+
+def _gloo_prose(q: Finder) -> list[str]:
+    row = q.get("gloo.trainer5.seconds")
+    if row is None:
+        return []
+    k = "gloo.trainer5.seconds"
+    sizes = _and([str(w) for w in q.sizes(k)])
+    w, label = row.ranks, row.world
+    return [
+        f"On real gloo at {sizes} ranks, realize + 3 flattens takes fmesh "
+        f"{_each(q, k, 'f')} (slowest rank) and torch's recipe {_each(q, k, 't')} "
+        f"(torch / fmesh: {_each(q, k, 'ratio')}). At {label} ranks it adds "
+        f"{q.f('gloo.trainer5.keys', w)} keys to the rendezvous store (torch "
+        f"{q.t('gloo.trainer5.keys', w)}) and sends {q.f('gloo.trainer5.requests', w)} "
+        f"store requests per rank (torch {q.t('gloo.trainer5.requests', w)}); of these, "
+        f"fmesh's agreement costs {q.f('gloo.trainer5.agree', w)} per rank and creating "
+        "call, a cross-rank check torch's recipe does not make. Repeating the recipe "
+        "(values built anew, every realize call a memo hit) takes "
+        f"{q.f('gloo.memo.seconds', w)} on the slowest rank and sends "
+        f"{q.f('gloo.memo.requests', w)} store requests; after any "
+        f"phase, {q.f('gloo.agree.keys_left', w)} agreement keys are left in the store. A "
+        "new 1-d world mesh, served by the default group, takes fmesh "
+        f"{q.f('gloo.world_1d.seconds', w)} and {q.f('gloo.world_1d.requests', w)} store "
+        f"requests; torch's `init_device_mesh` of it {q.t('gloo.world_1d.seconds', w)} "
+        f"and {q.t('gloo.world_1d.requests', w)}."
+    ]
+
+
+def _hit_prose(q: Finder) -> list[str]:
+    out: list[str] = []
+    k = "gloo.hit.seconds"
+    row = q.get(k)
+    if row is not None:
+        sizes = _and([str(w) for w in q.sizes(k)])
         out.append(
-            f"On real gloo at {label} ranks, realize + 3 flattens adds "
-            f"{q.f('gloo.trainer5.keys', w)} keys to the rendezvous store, torch's "
-            f"recipe {q.t('gloo.trainer5.keys', w)}. Repeating the same realize calls, "
-            f"every group memoized, takes {q.f('gloo.memo.seconds', w)} and leaves "
-            f"{q.f('gloo.memo.keys', w)} agreement keys in the store (calls not yet "
-            "confirmed by every rank's next realize call). A new mesh that creates no "
-            f"group (the 1-d world) takes fmesh {q.f('gloo.world_1d.seconds', w)} and "
-            f"{q.f('gloo.world_1d.keys', w)} keys{check}; torch's `init_device_mesh` "
-            f"of it takes {q.t('gloo.world_1d.seconds', w)} and "
-            f"{q.t('gloo.world_1d.keys', w)} keys."
+            "A memo hit, realizing again a 3-axis mesh, its 5 slices and 3 flattens, "
+            f"takes fmesh {_each(q, k, 'f')} per call (median; slowest rank) on real gloo "
+            f"at {sizes} ranks, and {q.f('gloo.hit_fresh.seconds', row.ranks)} at "
+            f"{row.world} ranks when the values are freshly built equal ones; torch's "
+            f"slicing of its own mesh for the same sub-meshes takes {_each(q, k, 't')}. "
+            + _hit_requests(q)
+        )
+    fake = q.sizes("fake.hit.seconds")
+    if fake:
+        k = "fake.hit.seconds"
+        out.append(
+            f"On the fake backend, a hit takes fmesh {_each(q, k, 'f')} at "
+            f"{_and([world_str(w) for w in fake])} ranks "
+            f"({_each(q, 'fake.hit_fresh.seconds', 'f')} with fresh values); torch's "
+            f"slicing {_each(q, k, 't')}."
         )
     return out
+
+
+def _zero(q: Finder, key: str, side: str) -> bool:
+    """``key``'s figure (``fmesh`` or ``torch``) is 0 at every size it was measured."""
+    rows = [q.get(key, w) for w in q.sizes(key)]
+    return bool(rows) and all(r is not None and getattr(r, side) == 0 for r in rows)
+
+
+def _hit_requests(q: Finder) -> str:
+    k = "gloo.hit.requests"
+    row = q.get(k)
+    if row is None:
+        return ""
+    if _zero(q, k, "fmesh") and _zero(q, k, "torch"):
+        return "Neither sends a store request (0 per call on every rank, at every size)."
+    return f"Store requests per call at {row.world} ranks: fmesh {q.f(k)}, torch {q.t(k)}."
+
+
+def _store_prose(q: Finder) -> list[str]:
+    row = q.get("store.requests")
+    if row is None:
+        return []
+    w = row.ranks
+    far = q.sizes("store.cpu_per_call_extrapolated")
+    k = "store.cpu_per_call_extrapolated"
+    measured = _and([str(n) for n in q.sizes("store.requests")])
+    text = (
+        f"Store load, one TCPStore server and {measured} simulated ranks (each its own "
+        f"client connection): a creating call's agreement costs each rank "
+        f"{q.f('store.requests', w)} store requests at {w} ranks, torch's "
+        f"`_store_based_barrier` {q.t('store.requests', w)}; the server spends "
+        f"{_each(q, 'store.cpu_per_rank', 'f')} of CPU per rank (torch's barrier "
+        f"{_each(q, 'store.cpu_per_rank', 't')}), {q.f('store.cpu_per_call', w)} per call "
+        f"in all at {w} ranks (torch {q.t('store.cpu_per_call', w)})."
+    )
+    if far:
+        text += (
+            " Extrapolated along a straight line through the measured sizes (not "
+            f"measured): {_and([f'{q.f(k, n)} at {world_str(n)} ranks' for n in far])} "
+            f"per call, torch's barrier {_and([q.t(k, n) for n in far])}."
+        )
+    text += (
+        f" torch's barrier leaves {q.t('store.keys_left', w)} keys per call in the store, "
+        f"fmesh's agreement {q.f('store.keys_left', w)}."
+    )
+    if _zero(q, "gloo.hit.requests", "fmesh"):
+        text += (
+            " A memo hit sends no store request (the gloo rows above), so it costs the "
+            "server nothing at any world size."
+        )
+    return [text]
 
 
 def wrap(text: str) -> str:

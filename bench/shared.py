@@ -266,6 +266,15 @@ class Mode:
     gloo: tuple[tuple[tuple[int, int, int, int, int], int], ...]
     """(5-d shape, repeats) of each real-gloo job."""
     memory_world: int
+    hit_rounds: int
+    """Rounds of the memo-hit workload (each of its calls once per round)."""
+    hit_budget_s: float
+    """Time after which torch's side of the hit workload stops adding rounds."""
+    store_ranks: tuple[int, ...]
+    """Simulated ranks of each store-load measurement."""
+    store_calls: int
+    """Creating calls per store-load phase (each rank makes them back to back)."""
+    store_repeats: int
     torch_limit_s: float = 60.0
     """Skip a torch measurement estimated to take longer than this."""
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import datetime
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .shared import EXPERT_NAMES, FLATTENS, NAMES, TRAINER_FLATTENS, expert_shape
 
@@ -121,6 +121,35 @@ def world_1d(shape: Sequence[int]) -> object:
     return init_mesh((math.prod(shape),), ("world",))
 
 
+def sub_mesh_exprs(dm: DeviceMesh, names: Sequence[str]) -> list[Callable[[], object]]:
+    """torch's expressions for the sub-meshes of a 3-d mesh that a trainer asks for
+    again and again: each axis, both adjacent pairs, and the flattens of the pairs and
+    of all three (after its first call, ``_flatten`` returns the mesh it cached)."""
+    a, b, c = names
+    return [
+        lambda: dm[a],
+        lambda: dm[b],
+        lambda: dm[c],
+        lambda: dm[a, b],
+        lambda: dm[b, c],
+        lambda: dm[a, b]._flatten(f"{a}_{b}"),
+        lambda: dm[b, c]._flatten(f"{b}_{c}"),
+        lambda: dm._flatten(f"{a}_{b}_{c}"),
+    ]
+
+
+def store_based_barrier(
+    rank: int, store: object, name: str, count: int, timeout: datetime.timedelta
+) -> None:
+    """torch's own store barrier, what ``init_process_group`` and ``new_group`` run
+    when ``TORCH_DIST_INIT_BARRIER=1`` (off by default): add, add, wait per rank, and
+    a set by each rank whose second add reads the full count."""
+    from torch.distributed import distributed_c10d as c10d
+
+    group_name: Any = name  # a GroupName (a NewType of str) where torch has one
+    c10d._store_based_barrier(rank, store, group_name, count, timeout)
+
+
 def group_counters() -> tuple[int, int]:
     """(groups registered in this process, ``new_group`` calls so far).
 
@@ -144,3 +173,12 @@ def connect_store(port: int, world: int, timeout: datetime.timedelta) -> TCPStor
     from torch._C._distributed_c10d import TCPStore
 
     return TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
+
+
+def plain_client(port: int, timeout: datetime.timedelta) -> TCPStore:
+    """A client that sends nothing when it connects (no worker count)."""
+    from torch._C._distributed_c10d import TCPStore
+
+    return TCPStore(
+        "127.0.0.1", port, None, is_master=False, timeout=timeout, wait_for_workers=False
+    )

@@ -30,7 +30,17 @@ import fmesh
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 COMMITTED = (BENCH / "results.json", BENCH / "results.md", ROOT / "README.md")
-SECTIONS = {"pure ops", "realize (fake)", "interop (fake)", "realize (gloo)", "memory"}
+SECTIONS = {
+    "pure ops",
+    "realize (fake)",
+    "interop (fake)",
+    "memo hit (fake)",
+    "realize (gloo)",
+    "store load",
+    "memory",
+}
+EXTRAPOLATED = {2**17, 2**20}
+"""World sizes the store load is extrapolated to."""
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -96,11 +106,8 @@ def test_every_row_has_both_figures_and_their_ratio(smoke: dict[str, Any]) -> No
     assert rows
     for row in rows:
         fm, th = row["fmesh"], row["torch"]
-        assert isinstance(fm, int | float), row
-        # Net store keys of a memoized repeat can be negative: its calls remove the
-        # agreement keys the previous phase's last call left for its next one.
-        assert fm >= 0 or row["key"] == "gloo.memo.keys", row
-        if row["skipped"] is not None:  # fmesh-only rows (torch has no memo)
+        assert isinstance(fm, int | float) and fm >= 0, row
+        if row["skipped"] is not None:  # fmesh-only rows (torch has no memo, no check)
             assert th is None and row["ratio"] is None, row
             continue
         assert isinstance(th, int | float) and th >= 0, row
@@ -126,28 +133,78 @@ def test_every_benchmark_at_every_size(smoke: dict[str, Any]) -> None:
             assert seen == {smoke["titan_world"]}, (key, seen)
         elif key.startswith("gloo."):
             assert seen == gloo, (key, seen)
+        elif key.startswith("fake.hit"):
+            assert seen == worlds, (key, seen)
+        elif key == "store.cpu_per_call_extrapolated":
+            assert seen == EXTRAPOLATED, (key, seen)
+        elif key.startswith("store."):
+            assert seen == set(smoke["store_ranks"]), (key, seen)
     pure = {k for k in sizes if k.startswith("pure.")}
     for op in ("construct", "slice", "flatten", "unflatten", "coordinate"):
         assert any(op in k for k in pure), (op, pure)
 
 
-def test_gloo_rows_count_store_keys_and_the_memoized_repeat(smoke: dict[str, Any]) -> None:
+def _gloo_ranks(smoke: dict[str, Any], impl: str, counted: bool) -> list[dict[str, Any]]:
+    """Every rank of every job of ``impl``: the counting jobs', or the timed jobs'."""
+    ranks = [r for jobs in smoke["raw"]["gloo"].values() for job in jobs[impl] for r in job]
+    chosen = [r for r in ranks if r["counted"] == counted]
+    assert chosen, (impl, counted)
+    return chosen
+
+
+def test_gloo_memo_hits_send_no_store_request(smoke: dict[str, Any]) -> None:
+    # A hit is a lookup in the calling thread's memo: nothing goes to the store, on
+    # any rank (the whole world in rank order is served by the default group).
+    for rank in _gloo_ranks(smoke, "fmesh", counted=True):
+        for phase in ("world_1d", "memo", "hit"):
+            assert rank[phase]["requests"] == 0, (phase, rank)
+            assert rank[phase]["agreements"] == 0, (phase, rank)
+        assert rank["memo"]["calls"] == 4  # realize + 3 flattens
+        assert rank["memo"]["created"] == 0
+        assert rank["hit"]["calls"] > 0
     rows = {r["key"]: r for r in smoke["rows"]}
-    # A fully memoized call publishes to the agreement without waiting: its keys
-    # (digest, who, arrived, done, read) stay until every rank's next realize call has
-    # read its outcome. After the memo phase (4 calls), earlier calls may or may not
-    # have been cleaned up (timing), but the last call's 4 keys cannot have been: no
-    # rank has made a realize call since.
-    for jobs in smoke["raw"]["gloo"].values():
-        for job in jobs["fmesh"]:
-            memo = next(r for r in job if r["rank"] == 0)["memo"]
-            assert memo["calls"] == 4  # realize + 3 flattens
-            assert 4 <= memo["agree_left"] <= 5 * memo["calls"], memo
-            assert memo["created"] == 0
-    assert 4 <= rows["gloo.memo.keys"]["fmesh"] <= 5 * 4
-    # Creating groups on real gloo leaves rendezvous keys, for both libraries.
-    assert rows["gloo.trainer5.keys"]["fmesh"] > 0
+    for key in ("gloo.memo.requests", "gloo.world_1d.requests", "gloo.hit.requests"):
+        assert rows[key]["fmesh"] == 0, rows[key]
+
+
+def test_gloo_creating_calls_agree_in_a_handful_of_requests(smoke: dict[str, Any]) -> None:
+    # 3 requests per rank and call, 4 for the last reader; never more than 5. Every
+    # phase ends with no agreement key left: a successful call's last reader removes
+    # them.
+    for rank in _gloo_ranks(smoke, "fmesh", counted=True):
+        new = rank["new"]
+        assert new["agreements"] >= 1, new  # the 5-d mesh creates groups
+        assert 1 <= new["agree_max"] <= 5, new
+        assert new["agree"] <= 5 * new["agreements"], new
+    for counted in (True, False):
+        for rank in _gloo_ranks(smoke, "fmesh", counted):
+            for phase in ("world_1d", "new", "memo", "hit"):
+                assert rank[phase]["agree_left"] == 0, (phase, rank)
+    for rank in _gloo_ranks(smoke, "torch", counted=True):
+        assert rank["new"]["agree"] == 0  # torch never touches fmesh's keys
+    rows = {r["key"]: r for r in smoke["rows"]}
+    assert 3 <= rows["gloo.trainer5.agree"]["fmesh"] <= 5
+    assert rows["gloo.agree.keys_left"]["fmesh"] == 0
+    # Creating groups on real gloo leaves rendezvous keys (torch makes 8 groups).
     assert rows["gloo.trainer5.keys"]["torch"] > 0
+
+
+def test_store_load_counts_what_each_protocol_sends(smoke: dict[str, Any]) -> None:
+    raw = smoke["raw"]["store_load"]
+    for n in smoke["store_ranks"]:
+        for phase in raw[str(n)]["fmesh"]:
+            # Exactly 3 per rank and call, plus 1 for the call's last reader.
+            assert phase["requests"] == phase["calls"] * (3 * n + 1), phase
+            assert phase["max_per_call"] <= 5, phase
+            assert phase["keys_left"] == 0, phase
+        for phase in raw[str(n)]["torch"]:
+            # add, add, wait per rank; a set by every rank that saw the full count.
+            assert phase["calls"] * 3 * n < phase["requests"] <= phase["calls"] * 4 * n
+            assert phase["keys_left"] == 2 * phase["calls"], phase
+    rows = [r for r in smoke["rows"] if r["key"] == "store.cpu_per_call_extrapolated"]
+    assert {r["ranks"] for r in rows} == EXTRAPOLATED
+    for row in rows:
+        assert row["note"].startswith("extrapolated (straight line from N="), row
 
 
 def test_markdown_table_has_one_line_per_row(smoke: dict[str, Any]) -> None:
