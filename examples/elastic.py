@@ -341,6 +341,16 @@ def stand_by(store: Store, recoveries: int) -> str:
 def worker(args: argparse.Namespace) -> int:
     """One rank: train on the mesh; when a peer dies, recover, shrink and train on (or,
     left out of the smaller mesh, stand by). Under torchrun too: ``--resume``."""
+    code = train_or_stand_by(args)
+    # Tear the groups down before the interpreter does: gloo's worker threads may still
+    # hold the tensors of a collective that failed, and freeing them during interpreter
+    # shutdown can abort the process.
+    fmesh.destroy()
+    dist.destroy_process_group()
+    return code
+
+
+def train_or_stand_by(args: argparse.Namespace) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout = datetime.timedelta(seconds=args.timeout)  # realize's, hence the collectives'
     # The launcher's store (torchrun's agent's under torchrun): it outlives every rank.
@@ -386,6 +396,7 @@ def worker(args: argparse.Namespace) -> int:
                 error = err
             else:
                 store.compare_set(f"{KEY}event/{recoveries}", "", "done")
+                dist.barrier(group=everyone.group("ranks"))  # done with every group
                 return report(realized, last_loss, losses, agree)
         old = mesh
         lost, mesh, realized, everyone = recover_and_shrink(mesh, error, timeout)
