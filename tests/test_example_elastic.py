@@ -202,3 +202,32 @@ def test_a_torchrun_restart_on_fewer_ranks_resumes_resharded(
     saved = _saved_state(path)
     for name, tensor in state.items():
         torch.testing.assert_close(saved[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+# -- the README text (docs/elastic.md until it is merged into README.md) ------------------
+
+EXCERPT = "# excerpt of examples/elastic.py\n"
+DOCS = [ROOT / "docs" / "elastic.md", ROOT / "README.md"]
+
+
+def _python_blocks(path: Path) -> list[str]:
+    return [
+        b
+        for lang, b in re.findall(r"```(\w+)\n(.*?)```", path.read_text(), re.S)
+        if lang == "python"
+    ]
+
+
+def test_the_text_quotes_the_example_verbatim() -> None:
+    source = EXAMPLE.read_text()
+    excerpts = [b for path in DOCS for b in _python_blocks(path) if b.startswith(EXCERPT)]
+    assert excerpts  # docs/elastic.md has one
+    for block in excerpts:
+        assert block.removeprefix(EXCERPT) in source, block
+
+
+def test_the_texts_python_blocks_run() -> None:
+    blocks = [b for b in _python_blocks(DOCS[0]) if not b.startswith(EXCERPT)]
+    assert blocks
+    for block in blocks:
+        exec(compile(block, str(DOCS[0]), "exec"), {})
