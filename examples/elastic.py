@@ -351,6 +351,8 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def train_or_stand_by(args: argparse.Namespace) -> int:
+    """Members train until ``--steps``, saving checkpoints; ranks out of the mesh wait.
+    A failure sends every survivor, member or not, through ``recover_and_shrink``."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout = datetime.timedelta(seconds=args.timeout)  # realize's, hence the collectives'
     # The launcher's store (torchrun's agent's under torchrun): it outlives every rank.
@@ -368,7 +370,10 @@ def train_or_stand_by(args: argparse.Namespace) -> int:
         realized, everyone = realize_mesh(mesh, timeout)
         state, step, last_loss = load_checkpoint(path, realized, everyone)
         if first(realized):
-            print(f"resumed at step {step} from {path}: saved on {saved!r}, now {mesh!r}")
+            print(
+                f"resumed at step {step} from {path}: saved on {saved!r}, now {mesh!r}",
+                flush=True,
+            )
     losses: list[float] = []
     recoveries = 0
     while True:
