@@ -13,7 +13,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, re.S)
-PYTHON = [body for lang, body in BLOCKS if lang == "python"]
+# Blocks that quote an example ("# excerpt of examples/elastic.py") are not run here:
+# tests/test_example_elastic.py checks that they are verbatim in that file.
+PYTHON = [
+    body for lang, body in BLOCKS if lang == "python" and not body.startswith("# excerpt of ")
+]
 BASH = [body for lang, body in BLOCKS if lang == "bash"]
 
 
