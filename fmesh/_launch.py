@@ -96,8 +96,13 @@ def check_backend(backend: object, where: str) -> str:
 
 
 def check_device_type(device_type: object, where: str) -> str:
-    """A device type torch can use on this machine (``"cpu"``, ``"cuda"``, ...)."""
+    """A device type torch can use on this machine (``"cpu"``, ``"cuda"``, ...).
+
+    On a ``fake`` world (a dry run) any device type torch knows is accepted, as torch's
+    DeviceMesh accepts it there: nothing runs on the device.
+    """
     import torch
+    import torch.distributed as dist
 
     if not isinstance(device_type, str):
         raise TypeError(f"{where}: device_type must be a str, got {device_type!r}")
@@ -114,6 +119,8 @@ def check_device_type(device_type: object, where: str) -> str:
             f"{device_type!r}; each rank uses its current device"
         )
     if device.type == "cpu":
+        return device.type
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake":
         return device.type
     module = getattr(torch, device.type, None)
     available = getattr(module, "is_available", None)
