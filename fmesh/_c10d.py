@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BackendOptions",
     "GroupSpec",
+    "Known",
     "backend_options_type",
     "debug_detail",
     "Store",
@@ -65,6 +66,9 @@ if TYPE_CHECKING:
     """Options for a c10d backend (e.g. ``ProcessGroupNCCL.Options``)."""
 GroupSpec = tuple[str, Any]
 """What a DeviceMesh needs of one dimension's group: its name and the group."""
+Known = tuple[tuple[int, ...] | None, tuple[int, ...]]
+"""What fmesh knows of a DeviceMesh it makes: this rank's coordinate (``None`` off the
+mesh) and the root's rank map as a tuple (torch's ``_flatten_rank_map``)."""
 
 
 @functools.cache
@@ -298,30 +302,106 @@ def device_mesh_rank_map(device_mesh: DeviceMesh) -> tuple[int, ...]:
     return tuple(int(r) for r in device_mesh._rank_map.tolist())
 
 
+@functools.cache
+def _fast_fields() -> frozenset[str] | None:
+    """The attributes ``DeviceMesh.__init__`` sets without a backend (checked once on a
+    one-rank mesh), or ``None`` when they are not the ones :func:`make_device_mesh`
+    knows how to set itself (then every DeviceMesh goes through ``__init__``)."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    probe = DeviceMesh(
+        "cpu",
+        _layout=_torch_layout([((1, 1),)]),
+        _rank_map=torch.zeros(1, dtype=torch.int),
+        _init_backend=False,
+        _rank=0,
+    )
+    fields = frozenset(vars(probe))
+    return fields if fields == _FAST_FIELDS else None
+
+
+_FAST_FIELDS = frozenset(
+    {
+        "_coordinate_on_dim",
+        "_device_type",
+        "_flatten_mapping",
+        "_flatten_rank_map",
+        "_hash",
+        "_layout",
+        "_mesh_dim_names",
+        "_pg_registry",
+        "_rank",
+        "_rank_map",
+        "_root_mesh",
+        "_thread_id",
+    }
+)
+"""What ``DeviceMesh.__init__(..., _init_backend=False)`` sets on torch 2.11-2.15."""
+
+
+def _thread_id() -> int | None:
+    """As ``DeviceMesh.__init__``: the thread's id on a threaded world, else ``None``."""
+    import threading
+
+    import torch.distributed as dist
+
+    threaded = dist.is_initialized() and dist.get_backend() == "threaded"
+    return threading.get_ident() if threaded else None
+
+
 def make_device_mesh(
     device_type: str,
     axes: Sequence[Modes],
     rank_map: torch.Tensor,
-    names: tuple[str, ...],
+    names: tuple[str, ...] | None,
     groups: Sequence[GroupSpec] | None,
     root: DeviceMesh | None,
+    known: Known | None = None,
 ) -> DeviceMesh:
     """A DeviceMesh over ``rank_map`` with ``axes``, using existing groups.
 
     ``groups`` is one (name, group) per dimension for a member rank, or ``None`` on
     a rank outside the mesh (torch's non-participating rank: no groups). ``root`` is
-    the root mesh this one is a slice of, or ``None`` to make a root.
+    the root mesh this one is a slice of, or ``None`` to make a root. ``names`` is
+    ``None`` for an unnamed mesh (as ``init_device_mesh`` without names makes).
+
+    With ``known`` (what fmesh computed: this rank's coordinate in the mesh and the
+    rank map as a tuple, shared by every mesh under one root), the DeviceMesh is
+    assembled field by field, as ``__init__`` would, without its O(world) searches;
+    a test compares both constructions on every torch version.
     """
     from torch.distributed.device_mesh import DeviceMesh
 
-    dm = DeviceMesh(
-        device_type,
-        _layout=_torch_layout(axes),
-        _rank_map=rank_map,
-        mesh_dim_names=names,
-        _root_mesh=root,
-        _init_backend=False,
-    )
+    fields = _fast_fields() if known is not None else None
+    if known is not None and fields is not None:
+        import torch.distributed as dist
+
+        dm = DeviceMesh.__new__(DeviceMesh)
+        state = cast(Any, dm).__dict__
+        state.update(
+            _device_type=device_type,
+            _layout=_torch_layout(axes),
+            _rank_map=rank_map,
+            _mesh_dim_names=tuple(names) if names else None,
+            _root_mesh=root,
+            _flatten_rank_map=known[1],
+            _thread_id=_thread_id(),
+            _flatten_mapping={},
+            _pg_registry={},
+            _rank=dist.get_rank(),
+            _coordinate_on_dim=known[0],
+            _hash=None,
+        )
+    else:
+        dm = DeviceMesh(
+            device_type,
+            _layout=_torch_layout(axes),
+            _rank_map=rank_map,
+            mesh_dim_names=names,
+            _root_mesh=root,
+            _init_backend=False,
+        )
     registry = (root if root is not None else dm)._pg_registry
     cast(Any, dm)._dim_group_names = [name for name, _ in groups or ()]
     for name, pg in groups or ():
@@ -329,12 +409,15 @@ def make_device_mesh(
     return dm
 
 
-def add_flatten(root: DeviceMesh, name: str, modes: Modes, group: GroupSpec) -> bool:
+def add_flatten(
+    root: DeviceMesh, name: str, modes: Modes, group: GroupSpec, coordinate: int | None
+) -> bool:
     """Register an existing 1-d group where torch's ``_flatten`` looks first.
 
     Afterwards ``submesh._flatten(name)`` over the same layout returns this mesh and
     its group instead of creating new groups. Returns False (and registers nothing)
     when ``name`` is a dimension of ``root`` or already names another layout.
+    ``coordinate`` is this rank's position along the flattened axis (``None`` off it).
     """
     if name in (root.mesh_dim_names or ()):
         return False
@@ -342,7 +425,10 @@ def add_flatten(root: DeviceMesh, name: str, modes: Modes, group: GroupSpec) -> 
     known = root._flatten_mapping.get(name)
     if known is not None:
         return bool(known._layout == layout)
-    flat = make_device_mesh(root.device_type, [modes], root._rank_map, (name,), [group], root)
+    facts = (None if coordinate is None else (coordinate,), root._flatten_rank_map)
+    flat = make_device_mesh(
+        root.device_type, [modes], root._rank_map, (name,), [group], root, facts
+    )
     flat._layout = layout
     root._flatten_mapping[name] = flat
     return True

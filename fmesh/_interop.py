@@ -12,20 +12,30 @@ hands over has such a root too:
   mode (named ``_rest0``, ``_rest1``, ... and ordered by stride, so the root of a slice
   of a row-major mesh has the row-major root's layout).
 
-Every dimension's group is fmesh's memoized group. Axes fmesh realized over the same
-rank space (say the flattened ``dp_cp``) are registered in each root's flatten
-mapping, where torch's ``_flatten`` looks before it creates groups -- in rank spaces
-that cover the whole world (over part of it, the ranks outside a mesh do not know its
-axes, so they could not skip the creations members skip). Building a
-DeviceMesh costs O(world) once (torch keeps an O(world) rank map); it is memoized per
-mesh and device type.
+Every dimension's group is fmesh's memoized group. An axis fmesh realized over the
+same rank space is registered in a root's flatten mapping, where torch's ``_flatten``
+looks before it creates groups, when it *is* a flatten of that root: its layout is
+what flattening two or more of the root's dims (in some order) gives, as torch's
+``_flatten`` would compute it. So ``root["dp_cp"]`` works where torch's root would
+have it after ``root["dp", "cp"]._flatten()``, and never for the dims of another root
+(``root["x"]`` raises KeyError as on torch). Only in rank spaces that cover the whole
+world: over part of it, the ranks outside a mesh do not know its axes, so they could
+not skip the creations members skip. The axes ``fmesh.device_mesh.init_device_mesh``
+realizes are the dims of torch roots, never flattens of other roots.
+
+Building a DeviceMesh costs O(world) once per root (torch keeps an O(world) rank
+map, shared by the slices under it); fmesh fills in the coordinates itself, so a
+slice costs O(number of axes) past its root. Memoized per mesh, device type and
+naming (``init_device_mesh`` without names hands out unnamed DeviceMeshes).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
@@ -35,13 +45,20 @@ from ._launch import check_device_type
 from ._layout import Layout, complement_modes, row_major
 from ._memo import WorldKey, on_loss, on_reset, world_key
 from ._mesh import Mesh
+from ._queries import coordinate as coordinate_of
 from ._queries import instances
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["from_device_mesh", "note_realized", "to_device_mesh"]
+__all__ = [
+    "from_device_mesh",
+    "is_flatten_of",
+    "note_realized",
+    "realizing_torch_roots",
+    "to_device_mesh",
+]
 
 
 @attrs.define
@@ -54,10 +71,10 @@ class _State:
     )
     """Per rank space: axis name -> (layout, group) this rank realized, or ``None``
     when the name was realized with two different layouts (ambiguous)."""
-    device_meshes: dict[tuple[Mesh, str], Any] = attrs.field(factory=dict)
-    """to_device_mesh memo: (mesh, device type) -> DeviceMesh."""
-    roots: dict[tuple[WorldKey, str], list[Any]] = attrs.field(factory=dict)
-    """Root DeviceMeshes (:class:`Root`) per (rank space, device type)."""
+    device_meshes: dict[tuple[Mesh, str, bool], Any] = attrs.field(factory=dict)
+    """to_device_mesh memo: (mesh, device type, unnamed) -> DeviceMesh."""
+    roots: dict[tuple[WorldKey, str, bool], list[Any]] = attrs.field(factory=dict)
+    """Root DeviceMeshes (:class:`Root`) per (rank space, device type, unnamed)."""
 
     def reset(self) -> None:
         with self.lock:
@@ -70,10 +87,27 @@ state = _State()
 on_reset(state.reset)
 on_loss(state.reset)  # DeviceMeshes over the old world hold lost ranks
 
+_torch_roots: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "fmesh_torch_roots", default=False
+)
+
+
+@contextlib.contextmanager
+def realizing_torch_roots() -> Iterator[None]:
+    """realize calls inside are the dims of torch roots (``init_device_mesh``): their
+    axes are not offered to other roots as flattens."""
+    token = _torch_roots.set(True)
+    try:
+        yield
+    finally:
+        _torch_roots.reset(token)
+
 
 def note_realized(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:
-    """Record name -> (layout, group) per rank space after a realize call that created
-    groups, and register new flattens in the DeviceMeshes already handed out."""
+    """Record name -> (layout, group) per rank space after a realize call, and
+    register new flattens in the DeviceMeshes already handed out."""
+    if _torch_roots.get():
+        return
     wk = world_key(mesh)
     with state.lock:
         names = state.named_axes.setdefault(wk, {})
@@ -85,7 +119,7 @@ def note_realized(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:
                 names[name] = (layout, pg)
             elif names[name] is not None and names[name] != (layout, pg):
                 names[name] = None  # realized with two layouts: ambiguous
-        converted = any(w == wk for w, _ in state.roots)
+        converted = any(w == wk for w, _, _ in state.roots)
     if converted:
         # DeviceMeshes already handed out: torch's _flatten on them finds this axis.
         _sync_flattens(wk)
@@ -100,12 +134,12 @@ def _default_device_type() -> str:
     return "cpu"
 
 
-def _rank_map_tensor(mesh: Mesh) -> Any:
+def _rank_maps(mesh: Mesh) -> tuple[Any, tuple[int, ...]]:
+    """The rank map of ``mesh``'s index space as a tensor and as a tuple."""
     import torch
 
-    if mesh.rank_map is None:
-        return torch.arange(mesh.index_size, dtype=torch.int)
-    return torch.tensor(mesh.rank_map, dtype=torch.int)
+    flat = tuple(range(mesh.index_size)) if mesh.rank_map is None else mesh.rank_map
+    return torch.tensor(flat, dtype=torch.int), flat
 
 
 def _sliceable(mesh: Mesh) -> bool:
@@ -170,6 +204,12 @@ class Root:
     device_mesh: DeviceMesh
     rank_map: Any
     """The root's rank-map tensor, shared by every DeviceMesh under it."""
+    flat: tuple[int, ...]
+    """The same rank map as a tuple (torch's ``_flatten_rank_map``), shared too."""
+    unnamed: bool
+    """Handed out without dim names (``init_device_mesh`` without names)."""
+    decided: set[str] = attrs.field(factory=set)
+    """Realized axis names already registered as flattens here, or found not to be."""
 
     def has_axes(self, mesh: Mesh) -> bool:
         mine = set(zip(self.mesh.axis_names, self.mesh.axes))
@@ -185,47 +225,44 @@ def to_device_mesh(
     coordinate: tuple[int, ...] | None,
     groups: Mapping[str, ProcessGroup],
     device_type: str | None,
+    *,
+    unnamed: bool = False,
 ) -> DeviceMesh:
     """See :meth:`RealizedMesh.to_device_mesh`: ``mesh`` realized on this rank, at
-    ``coordinate``, with ``groups``."""
-    from ._c10d import make_device_mesh
-
+    ``coordinate``, with ``groups``. ``unnamed`` hands out a DeviceMesh without dim
+    names (a mesh with one instance only), as torch's ``init_device_mesh`` makes."""
     device_type = check_device_type(
         device_type if device_type is not None else _default_device_type(),
         "RealizedMesh.to_device_mesh",
     )
-    key = (mesh, device_type)
+    key = (mesh, device_type, unnamed)
     with state.lock:
         found: DeviceMesh | None = state.device_meshes.get(key)
     if found is not None:
         return found  # axes realized since are registered by realize itself
+    if unnamed and mesh.num_instances != 1:
+        raise MeshError(f"an unnamed DeviceMesh needs a mesh with one instance, got {mesh!r}")
+    import torch.distributed as dist
+
     view = torch_view(mesh)
     wk = world_key(view)
+    rank = dist.get_rank()
     dim_groups = _groups(mesh, coordinate, groups)
     with state.lock:
-        roots = state.roots.setdefault((wk, device_type), [])
+        roots = state.roots.setdefault((wk, device_type, unnamed), [])
         root = next((r for r in roots if r.has_axes(view)), None)
     dm: DeviceMesh | None = None
     if root is None:
-        rank_map = _rank_map_tensor(view)
         # A mesh with one instance is a root itself, as init_device_mesh's is.
         top = view if view.num_instances == 1 else _root_axes(view)
-        top_groups = dim_groups if top is view else None
-        root_dm = make_device_mesh(
-            device_type, _dims(top), rank_map, top.axis_names, top_groups, None
+        dm_top = _make(
+            top, device_type, rank, None, unnamed, dim_groups if top is view else None
         )
-        root = Root(top, root_dm, rank_map)
+        root = dm_top
         if top is view:
-            dm = root_dm
+            dm = root.device_mesh
     if dm is None:
-        dm = make_device_mesh(
-            device_type,
-            _dims(view),
-            root.rank_map,
-            view.axis_names,
-            dim_groups,
-            root.device_mesh,
-        )
+        dm = _make(view, device_type, rank, root, unnamed, dim_groups).device_mesh
     with state.lock:
         if root not in roots:
             roots.append(root)
@@ -234,9 +271,60 @@ def to_device_mesh(
     return dm
 
 
+def _make(
+    mesh: Mesh,
+    device_type: str,
+    rank: int,
+    root: Root | None,
+    unnamed: bool,
+    dim_groups: Sequence[tuple[str, Any]] | None,
+) -> Root:
+    """The DeviceMesh of ``mesh`` (a root when ``root`` is None), with its facts."""
+    from ._c10d import make_device_mesh
+
+    rank_map, flat = _rank_maps(mesh) if root is None else (root.rank_map, root.flat)
+    coord = coordinate_of(mesh, rank)
+    # torch's own search fails off a mesh with several instances: keep its answer.
+    known = (coord, flat) if coord is not None or mesh.num_instances == 1 else None
+    dm = make_device_mesh(
+        device_type,
+        _dims(mesh),
+        rank_map,
+        None if unnamed else mesh.axis_names,
+        dim_groups,
+        None if root is None else root.device_mesh,
+        known,
+    )
+    return Root(mesh, dm, rank_map, flat, unnamed)
+
+
+def is_flatten_of(layout: Layout, dims: Sequence[Layout]) -> bool:
+    """Whether ``layout`` is what flattening two or more of ``dims`` (in some order)
+    gives; ``dims`` are non-overlapping, so the dim to take next is the one whose
+    innermost stride is the innermost stride left. O(number of modes)."""
+    by_stride = {d.modes[-1][1]: d for d in dims if d.modes}
+    rest = list(layout.modes)
+    used = 0
+    while rest:
+        dim = by_stride.pop(rest[-1][1], None)
+        if dim is None:
+            return False
+        for size, stride in reversed(dim.modes):
+            if not rest or rest[-1][1] != stride or rest[-1][0] % size:
+                return False
+            whole, _ = rest[-1]
+            if whole == size:
+                rest.pop()
+            else:  # a mode coalesced with the next dim's: keep its upper part
+                rest[-1] = (whole // size, stride * size)
+        used += 1
+    return used >= 2
+
+
 def _sync_flattens(wk: WorldKey) -> None:
-    """Register every axis realized over rank space ``wk`` in each root's flatten
-    mapping, so torch's ``_flatten`` of the same layout reuses fmesh's group."""
+    """Register every axis realized over rank space ``wk`` that is a flatten of a named
+    root's dims in that root's flatten mapping, so torch's ``_flatten`` of the same
+    layout reuses fmesh's group (and ``root[name]`` finds it, as after torch's)."""
     import torch.distributed as dist
 
     from ._c10d import add_flatten
@@ -248,12 +336,33 @@ def _sync_flattens(wk: WorldKey) -> None:
         return
     with state.lock:
         names = dict(state.named_axes.get(wk, {}))
-        roots = [r.device_mesh for (w, _), rs in state.roots.items() if w == wk for r in rs]
+        roots = [
+            r
+            for (w, _, unnamed), rs in state.roots.items()
+            if w == wk and not unnamed
+            for r in rs
+        ]
+    if not names or not roots:
+        return
+    rank = dist.get_rank()
     for root in roots:
-        for name, entry in names.items():
-            if entry is not None and entry[0].size > 1:
-                layout, pg = entry
-                add_flatten(root, name, layout.modes, (pg.group_name, pg))
+        with state.lock:
+            todo = [
+                (n, e) for n, e in names.items() if e is not None and n not in root.decided
+            ]
+            root.decided.update(n for n, _ in todo)
+        for name, (layout, pg) in todo:
+            if name in root.mesh.axis_names or not is_flatten_of(layout, root.mesh.axes):
+                continue
+            flat = Mesh((name,), (layout,), root.mesh.index_size, root.mesh.rank_map)
+            where = coordinate_of(flat, rank)
+            add_flatten(
+                root.device_mesh,
+                name,
+                layout.modes,
+                (pg.group_name, pg),
+                None if where is None else where[0],
+            )
 
 
 def from_device_mesh(device_mesh: DeviceMesh) -> Mesh:
