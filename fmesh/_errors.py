@@ -3,7 +3,9 @@
 Every error fmesh raises for bad input derives from :class:`MeshError`, which is a
 ``ValueError``. Unknown axis names raise :class:`AxisNotFoundError`, which is also a
 ``KeyError`` so ``except KeyError`` code written for dict-like lookups keeps working.
-Wrong argument types raise plain ``TypeError``.
+Wrong argument types raise plain ``TypeError``. Where torch's ``init_device_mesh``
+raises ``RuntimeError``, ``fmesh.device_mesh.init_device_mesh`` raises
+:class:`DeviceMeshError`, which is also a ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import final
 
 __all__ = [
     "AxisNotFoundError",
+    "DeviceMeshError",
     "LaunchError",
     "MeshError",
     "MeshMismatchError",
@@ -48,3 +51,12 @@ class MeshMismatchError(MeshError):
 @final
 class LaunchError(MeshError):
     """No process group exists and none can be initialized from the environment."""
+
+
+@final
+class DeviceMeshError(MeshError, RuntimeError):
+    """``fmesh.device_mesh.init_device_mesh`` refused its arguments where torch's
+    ``init_device_mesh`` raises ``RuntimeError`` (repeated or mismatched dim names,
+    a device type with an index, a bad ``backend_override``, a mesh larger than the
+    world). Also a ``RuntimeError``, so ``except RuntimeError`` code written for torch
+    keeps working."""

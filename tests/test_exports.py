@@ -74,11 +74,32 @@ def test_nothing_public_is_left_out_of_all() -> None:
     assert set(_static_reexports()) == set(fmesh.__all__)
 
 
+# The one public submodule, a thin module over private code (like ``jax.sharding``).
+PUBLIC_MODULES = {"device_mesh"}
+
+
 def test_modules_other_than_the_package_are_private() -> None:
     found = list(pkgutil.iter_modules(fmesh.__path__))
     assert found
     for module in found:
-        assert module.name.startswith("_"), f"fmesh.{module.name} should be private"
+        if module.name not in PUBLIC_MODULES:
+            assert module.name.startswith("_"), f"fmesh.{module.name} should be private"
+    assert {m.name for m in found} >= PUBLIC_MODULES
+
+
+def test_the_public_submodule_is_only_re_exports() -> None:
+    import fmesh.device_mesh as dm
+
+    assert dm.__all__ == sorted(dm.__all__) == ["DeviceMeshError", "init_device_mesh"]
+    public = {n for n in vars(dm) if not n.startswith("_")}
+    assert public == set(dm.__all__)
+    for name in dm.__all__:
+        obj = getattr(dm, name)
+        assert obj.__module__.startswith("fmesh._") and obj.__name__ == name
+    error = dm.DeviceMeshError
+    assert getattr(error, "__final__", False) is True
+    # torch's exception type where torch raises, and fmesh's.
+    assert issubclass(error, RuntimeError) and issubclass(error, fmesh.MeshError)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,20 @@
+"""torch's ``init_device_mesh``, built on fmesh: adopt fmesh by changing one import.
+
+::
+
+    # from torch.distributed.device_mesh import init_device_mesh
+    from fmesh.device_mesh import init_device_mesh
+
+The one public submodule of fmesh, a thin module over private code (as
+``jax.sharding``). ``init_device_mesh`` takes torch's arguments and returns a torch
+``DeviceMesh`` that behaves as the one torch builds, made by ``make_mesh`` ->
+``realize`` -> ``to_device_mesh``: each rank creates only its own groups, each group
+once per process, ranks that disagree get an error instead of a hang, and a repeated
+call is a memo hit. Where torch raises ``RuntimeError``, it raises
+:class:`DeviceMeshError` (also a ``RuntimeError`` and an ``fmesh.MeshError``).
+"""
+
+from ._dropin import init_device_mesh as init_device_mesh
+from ._errors import DeviceMeshError as DeviceMeshError
+
+__all__ = ["DeviceMeshError", "init_device_mesh"]
