@@ -303,10 +303,9 @@ def device_mesh_rank_map(device_mesh: DeviceMesh) -> tuple[int, ...]:
 
 
 @functools.cache
-def _fast_fields() -> frozenset[str] | None:
-    """The attributes ``DeviceMesh.__init__`` sets without a backend (checked once on a
-    one-rank mesh), or ``None`` when they are not the ones :func:`make_device_mesh`
-    knows how to set itself (then every DeviceMesh goes through ``__init__``)."""
+def _init_fields() -> frozenset[str]:
+    """The attributes ``DeviceMesh.__init__`` (without a backend) sets on this torch,
+    read once off a one-rank mesh."""
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -317,37 +316,7 @@ def _fast_fields() -> frozenset[str] | None:
         _init_backend=False,
         _rank=0,
     )
-    fields = frozenset(vars(probe))
-    return fields if fields == _FAST_FIELDS else None
-
-
-_FAST_FIELDS = frozenset(
-    {
-        "_coordinate_on_dim",
-        "_device_type",
-        "_flatten_mapping",
-        "_flatten_rank_map",
-        "_hash",
-        "_layout",
-        "_mesh_dim_names",
-        "_pg_registry",
-        "_rank",
-        "_rank_map",
-        "_root_mesh",
-        "_thread_id",
-    }
-)
-"""What ``DeviceMesh.__init__(..., _init_backend=False)`` sets on torch 2.11-2.15."""
-
-
-def _thread_id() -> int | None:
-    """As ``DeviceMesh.__init__``: the thread's id on a threaded world, else ``None``."""
-    import threading
-
-    import torch.distributed as dist
-
-    threaded = dist.is_initialized() and dist.get_backend() == "threaded"
-    return threading.get_ident() if threaded else None
+    return frozenset(vars(probe))
 
 
 def make_device_mesh(
@@ -371,29 +340,33 @@ def make_device_mesh(
     assembled field by field, as ``__init__`` would, without its O(world) searches;
     a test compares both constructions on every torch version.
     """
+    import threading
+
+    import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    fields = _fast_fields() if known is not None else None
-    if known is not None and fields is not None:
-        import torch.distributed as dist
-
-        dm = DeviceMesh.__new__(DeviceMesh)
-        state = cast(Any, dm).__dict__
-        state.update(
+    dm: DeviceMesh | None = None
+    if known is not None:
+        threaded = dist.is_initialized() and dist.get_backend() == "threaded"
+        fields = dict(
             _device_type=device_type,
             _layout=_torch_layout(axes),
             _rank_map=rank_map,
             _mesh_dim_names=tuple(names) if names else None,
             _root_mesh=root,
             _flatten_rank_map=known[1],
-            _thread_id=_thread_id(),
+            _thread_id=threading.get_ident() if threaded else None,
             _flatten_mapping={},
             _pg_registry={},
             _rank=dist.get_rank(),
             _coordinate_on_dim=known[0],
             _hash=None,
         )
-    else:
+        init = _init_fields()  # torch 2.11 sets no _hash; a torch that sets more: __init__
+        if init <= fields.keys():
+            dm = DeviceMesh.__new__(DeviceMesh)
+            cast(Any, dm).__dict__.update((k, v) for k, v in fields.items() if k in init)
+    if dm is None:
         dm = DeviceMesh(
             device_type,
             _layout=_torch_layout(axes),
