@@ -11,6 +11,7 @@ call with the same arguments is a memo hit.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ._errors import DeviceMeshError, MeshError
 from ._interop import realizing_torch_roots, to_device_mesh
 from ._launch import check_device_type, ensure_default_group
-from ._mesh import make_mesh
+from ._mesh import Mesh, make_mesh
 from ._realize import realize
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def init_device_mesh(
         raise DeviceMeshError(str(err)) from None
     _set_device(device_type)
 
-    mesh = make_mesh(tuple(mesh_shape), names)
+    mesh = _mesh(tuple(mesh_shape), names)
     backend: dict[str, str] = {}
     options: dict[str, BackendOptions] = {}
     for name, (b, o) in zip(names, overrides or ()):
@@ -135,6 +136,13 @@ def init_device_mesh(
         device_type,
         unnamed=mesh_dim_names is None,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
+    """The fmesh mesh of a call (a value: the same arguments give an equal mesh, so a
+    repeated call skips building it)."""
+    return make_mesh(shape, names)
 
 
 def _check_names(
