@@ -312,3 +312,25 @@ def test_dtensor_fsdp2_tp_and_dcp_match_torch(tmp_path: Path) -> None:
         assert ours["roundtrip"] is ours["loaded_full"] is True
     # Not vacuous: the two dp replicas saw different batches.
     assert runs["fmesh"][0]["losses"] != runs["fmesh"][2]["losses"]
+
+
+def mismatch_job(rank: int, world: int) -> Facts:
+    """Rank 0 asks for another mesh than the others: an error on every rank, no hang."""
+    import torch.distributed as dist
+
+    from fmesh.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo")
+    shape = (2, world // 2) if rank == 0 else (world,)
+    try:
+        init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp")[: len(shape)])
+    except fmesh.MeshMismatchError as err:
+        return {"error": "MeshMismatchError", "message": str(err)}
+    return {"error": None}
+
+
+def test_ranks_that_disagree_get_an_error_instead_of_a_hang(tmp_path: Path) -> None:
+    outs = run_spawn(mismatch_job, 4, tmp_path=tmp_path, timeout=60).values()
+    for out in outs:
+        assert out["error"] == "MeshMismatchError"
+        assert "Mesh(dp=2, tp=2)" in out["message"] and "Mesh(dp=4)" in out["message"]

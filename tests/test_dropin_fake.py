@@ -81,6 +81,8 @@ def fake_job(_: int, __: int) -> Facts:
         "fmesh": init_errors(init_device_mesh, WORLD),
     }
     out["override"] = _override(torch_init, init_device_mesh)
+    realized = fmesh.realize(fmesh.make_mesh({"a": 8, "b": 8}))
+    out["to_device_mesh_cuda"] = realized.to_device_mesh("cuda").device_type
     fmesh.destroy()
     dist.destroy_process_group()
     fmesh.init_fake_world(math.prod(BIG.values()), 123_457)
@@ -139,6 +141,7 @@ def test_dry_runs_answer_as_torch(fake: Facts, case: str) -> None:
 
 
 def test_cuda_is_accepted_on_a_fake_world_without_gpus(fake: Facts) -> None:
+    assert fake["to_device_mesh_cuda"] == "cuda"
     facts = fake["cases"]["named/cuda"]
     assert facts["fmesh"]["device_type"] == "cuda"
     assert facts["fmesh"]["coordinate"] == (RANK // 16, RANK % 16)
