@@ -14,6 +14,8 @@ One module per subject, each declaring its rows as data:
 * :mod:`bench.gloo` -- realize on real gloo processes (the bench's own launcher);
 * :mod:`bench.store_load` -- what a creating call's agreement costs one TCPStore
   server, at up to 1024 simulated ranks (fmesh's agreement vs torch's store barrier);
+* :mod:`bench.dropin` -- ``fmesh.device_mesh.init_device_mesh`` against torch's
+  ``init_device_mesh``: the first call and the same call again (fake and gloo);
 * :mod:`bench.memory` -- size of a mesh value and of a realized mesh;
 
 with :mod:`bench.shared` (shapes, rows, timing, formatting), :mod:`bench.launch`

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from . import fake, gloo, hits, memory, pure, report, store_load
+from . import dropin, fake, gloo, hits, memory, pure, report, store_load
 from .launch import WorkerError
 from .shared import SHAPES, Bench, Json, Mode, expert_shape
 
@@ -92,6 +92,7 @@ SECTIONS: tuple[Callable[[Bench], None], ...] = (
     hits.section,
     gloo.section,
     store_load.section,
+    dropin.section,
     memory.section,
 )
 

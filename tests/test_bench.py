@@ -37,6 +37,8 @@ SECTIONS = {
     "memo hit (fake)",
     "realize (gloo)",
     "store load",
+    "drop-in (fake)",
+    "drop-in (gloo)",
     "memory",
 }
 EXTRAPOLATED = {2**17, 2**20}
@@ -129,9 +131,9 @@ def test_every_benchmark_at_every_size(smoke: dict[str, Any]) -> None:
     for key, seen in sizes.items():
         if key.startswith(("pure.", "fake.trainer5.")):
             assert seen == worlds, (key, seen)
-        elif key.startswith(("fake.titan.", "interop.")):
+        elif key.startswith(("fake.titan.", "interop.", "dropin.fake.")):
             assert seen == {smoke["titan_world"]}, (key, seen)
-        elif key.startswith("gloo."):
+        elif key.startswith(("gloo.", "dropin.gloo.")):
             assert seen == gloo, (key, seen)
         elif key.startswith("fake.hit"):
             assert seen == worlds, (key, seen)
