@@ -138,8 +138,9 @@ def _rank_maps(mesh: Mesh) -> tuple[Any, tuple[int, ...]]:
     """The rank map of ``mesh``'s index space as a tensor and as a tuple."""
     import torch
 
-    flat = tuple(range(mesh.index_size)) if mesh.rank_map is None else mesh.rank_map
-    return torch.tensor(flat, dtype=torch.int), flat
+    if mesh.rank_map is None:
+        return torch.arange(mesh.index_size, dtype=torch.int), tuple(range(mesh.index_size))
+    return torch.tensor(mesh.rank_map, dtype=torch.int), mesh.rank_map
 
 
 def _sliceable(mesh: Mesh) -> bool:
