@@ -224,6 +224,7 @@ def prose(payload: Json, rows: list[Row], shown: list[Row]) -> list[str]:
     out.extend(_gloo_prose(q))
     out.extend(_hit_prose(q))
     out.extend(_store_prose(q))
+    out.extend(_dropin_prose(q))
     return out
 
 
@@ -370,3 +371,24 @@ def with_section(readme: str, block: str) -> str:
     head, rest = readme.split(BEGIN)
     _, tail = rest.split(END)
     return f"{head}{BEGIN}{block}{END}{tail}"
+
+
+def _dropin_prose(q: Finder) -> list[str]:
+    row = q.get("dropin.fake.first")
+    if row is None:
+        return []
+    w = row.ranks
+    on_gloo = "; ".join(
+        f"{q.f('dropin.gloo.first', n)} vs {q.t('dropin.gloo.first', n)} first and "
+        f"{q.f('dropin.gloo.repeat', n)} vs {q.t('dropin.gloo.repeat', n)} again at {n}"
+        for n in q.sizes("dropin.gloo.first")
+    )
+    return [
+        "`fmesh.device_mesh.init_device_mesh` against torch's `init_device_mesh`, same "
+        f"arguments (the 5-d mesh): at {world_str(w)} ranks on the fake backend the "
+        f"first call takes {q.f('dropin.fake.first', w)} against "
+        f"{q.t('dropin.fake.first', w)} ({q.ratio('dropin.fake.first', w)}) and the "
+        f"same call again {q.f('dropin.fake.repeat', w)} (a memo hit) against "
+        f"{q.t('dropin.fake.repeat', w)} ({q.ratio('dropin.fake.repeat', w)})"
+        + (f"; on real gloo, {on_gloo} ranks." if on_gloo else ".")
+    ]
