@@ -14,6 +14,8 @@ What changed across the range, and where it matters:
   group's backend says it supports shrinking.
 * ``DeviceMesh._layout`` is a pycute layout with nested modes on 2.11 and a tuple of
   ``_FlatLayout`` axes from 2.13 on; flattened layouts normalize differently.
+* ``DeviceMesh.__init__`` sets ``_hash`` from 2.13 on and ``_preserve_rank_order``
+  from 2.15 on; fmesh assembles exactly the fields the installed torch sets.
 """
 
 from __future__ import annotations
@@ -335,10 +337,8 @@ def make_device_mesh(
     the root mesh this one is a slice of, or ``None`` to make a root. ``names`` is
     ``None`` for an unnamed mesh (as ``init_device_mesh`` without names makes).
 
-    With ``known`` (what fmesh computed: this rank's coordinate in the mesh and the
-    rank map as a tuple, shared by every mesh under one root), the DeviceMesh is
-    assembled field by field, as ``__init__`` would, without its O(world) searches;
-    a test compares both constructions on every torch version.
+    With ``known`` the DeviceMesh is assembled field by field, as ``__init__`` would,
+    without its O(world) searches (tests compare both on every torch version).
     """
     import threading
 
@@ -360,9 +360,10 @@ def make_device_mesh(
             _pg_registry={},
             _rank=dist.get_rank(),
             _coordinate_on_dim=known[0],
-            _hash=None,
+            _hash=None,  # torch 2.13+
+            _preserve_rank_order=False,  # torch 2.15: __init__'s default
         )
-        init = _init_fields()  # torch 2.11 sets no _hash; a torch that sets more: __init__
+        init = _init_fields()  # only the fields this torch sets; if it sets more: __init__
         if init <= fields.keys():
             dm = DeviceMesh.__new__(DeviceMesh)
             cast(Any, dm).__dict__.update((k, v) for k, v in fields.items() if k in init)
