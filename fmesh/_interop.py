@@ -281,7 +281,7 @@ def _make(
     dim_groups: Sequence[tuple[str, Any]] | None,
 ) -> Root:
     """The DeviceMesh of ``mesh`` (a root when ``root`` is None), with its facts."""
-    from ._c10d import make_device_mesh
+    from ._c10d_mesh import make_device_mesh
 
     rank_map, flat = _rank_maps(mesh) if root is None else (root.rank_map, root.flat)
     coord = coordinate_of(mesh, rank)
@@ -328,7 +328,7 @@ def _sync_flattens(wk: WorldKey) -> None:
     layout reuses fmesh's group (and ``root[name]`` finds it, as after torch's)."""
     import torch.distributed as dist
 
-    from ._c10d import add_flatten
+    from ._c10d_mesh import add_flatten
 
     if wk[0] != dist.get_world_size():
         # Over part of the world, ranks outside a mesh hold no entry for its axes, so
@@ -377,7 +377,7 @@ def from_device_mesh(device_mesh: DeviceMesh) -> Mesh:
     """
     from torch.distributed.device_mesh import DeviceMesh
 
-    from ._c10d import device_mesh_axes, device_mesh_rank_map
+    from ._c10d_mesh import device_mesh_axes, device_mesh_rank_map
 
     if not isinstance(device_mesh, DeviceMesh):
         raise TypeError(
