@@ -71,7 +71,7 @@ class _State:
     )
     """Per rank space: axis name -> (layout, group) this rank realized, or ``None``
     when the name was realized with two different layouts (ambiguous)."""
-    device_meshes: dict[tuple[Mesh, str, bool], Any] = attrs.field(factory=dict)
+    device_meshes: dict[tuple[Mesh, str, bool], DeviceMesh] = attrs.field(factory=dict)
     """to_device_mesh memo: (mesh, device type, unnamed) -> DeviceMesh."""
     roots: dict[tuple[WorldKey, str, bool], list[Any]] = attrs.field(factory=dict)
     """Root DeviceMeshes (:class:`Root`) per (rank space, device type, unnamed)."""
@@ -232,15 +232,21 @@ def to_device_mesh(
     """See :meth:`RealizedMesh.to_device_mesh`: ``mesh`` realized on this rank, at
     ``coordinate``, with ``groups``. ``unnamed`` hands out a DeviceMesh without dim
     names (a mesh with one instance only), as torch's ``init_device_mesh`` makes."""
+    found: DeviceMesh | None = None
+    if device_type is not None:  # only checked device types are keys: no check for a hit
+        with state.lock:
+            found = state.device_meshes.get((mesh, device_type, unnamed))
+    if found is not None:
+        return found  # axes realized since are registered by realize itself
     device_type = check_device_type(
         device_type if device_type is not None else _default_device_type(),
         "RealizedMesh.to_device_mesh",
     )
     key = (mesh, device_type, unnamed)
     with state.lock:
-        found: DeviceMesh | None = state.device_meshes.get(key)
+        found = state.device_meshes.get(key)
     if found is not None:
-        return found  # axes realized since are registered by realize itself
+        return found
     if unnamed and mesh.num_instances != 1:
         raise MeshError(f"an unnamed DeviceMesh needs a mesh with one instance, got {mesh!r}")
     import torch.distributed as dist

@@ -104,6 +104,8 @@ def check_device_type(device_type: object, where: str) -> str:
     import torch
     import torch.distributed as dist
 
+    if device_type == "cpu":  # the common case, kept cheap (init_device_mesh's memo hit)
+        return device_type
     if not isinstance(device_type, str):
         raise TypeError(f"{where}: device_type must be a str, got {device_type!r}")
     try:

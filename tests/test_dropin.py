@@ -321,9 +321,11 @@ def mismatch_job(rank: int, world: int) -> Facts:
     from fmesh.device_mesh import init_device_mesh
 
     dist.init_process_group("gloo")
-    shape = (2, world // 2) if rank == 0 else (world,)
+    # Both shapes create groups, so every rank agrees first (a call that creates
+    # nothing, such as a 1-d world mesh, is matched at the rank's next creating call).
+    names = ("dp", "tp") if rank == 0 else ("tp", "dp")
     try:
-        init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp")[: len(shape)])
+        init_device_mesh("cpu", (2, world // 2), mesh_dim_names=names)
     except fmesh.MeshMismatchError as err:
         return {"error": "MeshMismatchError", "message": str(err)}
     return {"error": None}
@@ -333,4 +335,5 @@ def test_ranks_that_disagree_get_an_error_instead_of_a_hang(tmp_path: Path) -> N
     outs = run_spawn(mismatch_job, 4, tmp_path=tmp_path, timeout=60).values()
     for out in outs:
         assert out["error"] == "MeshMismatchError"
-        assert "Mesh(dp=2, tp=2)" in out["message"] and "Mesh(dp=4)" in out["message"]
+        assert "Mesh(dp=2, tp=2)" in out["message"], out["message"]
+        assert "Mesh(tp=2, dp=2)" in out["message"], out["message"]
