@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
+from ._c10d_mesh import add_flatten, device_mesh_axes, device_mesh_rank_map, make_device_mesh
 from ._errors import MeshError
 from ._launch import check_device_type
 from ._layout import Layout, complement_modes, row_major
@@ -287,8 +288,6 @@ def _make(
     dim_groups: Sequence[tuple[str, Any]] | None,
 ) -> Root:
     """The DeviceMesh of ``mesh`` (a root when ``root`` is None), with its facts."""
-    from ._c10d_mesh import make_device_mesh
-
     rank_map, flat = _rank_maps(mesh) if root is None else (root.rank_map, root.flat)
     coord = coordinate_of(mesh, rank)
     # torch's own search fails off a mesh with several instances: keep its answer.
@@ -333,8 +332,6 @@ def _sync_flattens(wk: WorldKey) -> None:
     root's dims in that root's flatten mapping, so torch's ``_flatten`` of the same
     layout reuses fmesh's group (and ``root[name]`` finds it, as after torch's)."""
     import torch.distributed as dist
-
-    from ._c10d_mesh import add_flatten
 
     if wk[0] != dist.get_world_size():
         # Over part of the world, ranks outside a mesh hold no entry for its axes, so
@@ -382,8 +379,6 @@ def from_device_mesh(device_mesh: DeviceMesh) -> Mesh:
         TypeError: for anything but a DeviceMesh.
     """
     from torch.distributed.device_mesh import DeviceMesh
-
-    from ._c10d_mesh import device_mesh_axes, device_mesh_rank_map
 
     if not isinstance(device_mesh, DeviceMesh):
         raise TypeError(
