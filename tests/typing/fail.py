@@ -75,3 +75,14 @@ def elastic_misuse(m: fmesh.Mesh) -> object:
     fmesh.replace(m, {3: "8"})  # E: dict-item
     grown: int = fmesh.shrink(m, {3}, axis="dp")  # E: assignment
     return grown
+
+
+def drop_in_misuse() -> object:
+    from fmesh.device_mesh import init_device_mesh
+
+    init_device_mesh("cpu", (2, 2), ("dp", "tp"))  # E: call-arg
+    init_device_mesh("cpu", (2, "2"))  # E: arg-type
+    init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", 3))  # E: arg-type
+    init_device_mesh("cpu", (4,), backend_override={0: 3})  # E: dict-item
+    named: str = init_device_mesh("cpu", (4,))  # E: assignment
+    return named

@@ -144,3 +144,20 @@ def realize_with_options(mesh: fmesh.Mesh, options: fmesh.BackendOptions) -> int
 
 def dry_run(world_size: int, rank: int) -> None:
     assert_type(fmesh.init_fake_world(world_size, rank), None)
+
+
+def drop_in(options: fmesh.BackendOptions) -> int:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from fmesh.device_mesh import DeviceMeshError, init_device_mesh
+
+    dm = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    assert_type(dm, DeviceMesh)
+    unnamed = init_device_mesh("cuda", (8,))
+    overrides = init_device_mesh(
+        "cpu", [2, 2], mesh_dim_names=["dp", "tp"], backend_override={0: "gloo", "tp": options}
+    )
+    pair = init_device_mesh("cpu", (2, 2), backend_override={1: ("gloo", options)})
+    error: RuntimeError = DeviceMeshError("x")
+    mesh_error: fmesh.MeshError = DeviceMeshError("x")
+    return len([dm, unnamed, overrides, pair, error, mesh_error])
