@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
-from ._c10d_mesh import add_flatten, device_mesh_axes, device_mesh_rank_map, make_device_mesh
+from ._c10d.mesh import add_flatten, device_mesh_axes, device_mesh_rank_map, make_device_mesh
 from ._errors import MeshError
 from ._launch import check_device_type
 from ._layout import Layout, complement_modes, row_major

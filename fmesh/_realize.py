@@ -165,6 +165,14 @@ def _world(backend: object) -> World:
     world_pg = dist.group.WORLD
     assert world_pg is not None
     world_backend = str(dist.get_backend())
+    if world_backend == "threaded":
+        raise MeshError(
+            "fmesh.realize() cannot run on torch's threaded test world: every rank is a "
+            "thread of one process, but fmesh's memo is per process and its calls are "
+            "matched per thread name. Use real processes (torchrun, or the 'fake' "
+            "backend via fmesh.init_fake_world for dry runs); "
+            "fmesh.device_mesh.init_device_mesh hands threaded worlds to torch."
+        )
     with state.lock:
         if state.world is not world_pg:
             if state.world is not None:

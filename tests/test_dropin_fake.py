@@ -200,7 +200,13 @@ def threaded_job(_: int, __: int) -> dict[int, Any]:
             theirs = torch_init("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
             total = torch.ones(1) * rank
             dist.all_reduce(total, group=ours["tp"].get_group())
+            try:
+                fmesh.realize(fmesh.make_mesh({"dp": 2, "tp": 2}))
+                refused = ""
+            except fmesh.MeshError as err:
+                refused = str(err)
             results[rank] = {
+                "refused": refused,
                 "equal": ours == theirs,
                 "coordinate": ours.get_coordinate(),
                 "tp_sum": float(total.item()),
@@ -226,6 +232,8 @@ def test_threaded_worlds_get_torchs_own_mesh(tmp_path: Path) -> None:
         assert facts["coordinate"] == (rank // 2, rank % 2)
         assert facts["tp_sum"] == (rank // 2 * 2) * 2 + 1
         assert facts["fmesh_created"] == 0  # torch made the groups
+        # fmesh.realize itself says at once why it cannot serve a threaded world.
+        assert "cannot run on torch's threaded test world" in facts["refused"]
 
 
 # -- which realized axes a root offers torch's _flatten -------------------------------------

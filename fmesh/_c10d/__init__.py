@@ -1,11 +1,12 @@
-"""Every private torch name fmesh uses for process groups and DTensor, gated where torch
-changed (DeviceMesh's are in ``_c10d_mesh.py``).
+"""The compat package: every private torch name fmesh uses, gated where torch changed.
+This module holds those for process groups and DTensor; ``mesh.py`` those for
+DeviceMesh.
 
 fmesh supports torch 2.11 through 2.15. Everything here reaches into torch internals
 (names that start with an underscore, or attributes torch does not document); the
 rest of the package calls these small typed functions and torch's public API only,
-and ``tests/test_static.py`` fails if a private torch name appears anywhere but here
-and in ``_c10d_mesh.py``.
+and ``tests/test_static.py`` fails if a private torch name appears anywhere outside this
+package.
 
 What changed across the range, and where it matters:
 

@@ -1,8 +1,8 @@
 """Every private torch name fmesh uses for DeviceMesh, gated where torch changed.
 
-The DeviceMesh half of ``_c10d.py`` (process groups and DTensor are there): the rest of
-the package calls these small typed functions, and ``tests/test_static.py`` fails if a
-private torch name appears anywhere but in these two modules.
+The DeviceMesh half of the compat package ``fmesh._c10d`` (process groups and DTensor
+are in its ``__init__.py``): the rest of the package calls these small typed functions,
+and ``tests/test_static.py`` fails if a private torch name appears outside the package.
 
 What changed across torch 2.11-2.15, and where it matters:
 
@@ -19,7 +19,7 @@ import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ._c10d import torch_version
+from . import torch_version
 
 if TYPE_CHECKING:
     import torch
