@@ -224,9 +224,9 @@ DOC_CMD = (
 
 
 def test_documented_elastic_example_is_real() -> None:
-    """The elastic text (docs/elastic_pure.md, or the README once merged there) shows
-    the real output, and its python block runs."""
-    docs = [p for p in (ROOT / "docs" / "elastic_pure.md", ROOT / "README.md") if p.exists()]
+    """The README's elastic text shows the real output (its python block runs in
+    tests/test_readme.py)."""
+    docs = [ROOT / "README.md"]
     shown = [p for p in docs if DOC_CMD in p.read_text()]
     assert shown, f"neither {[str(p) for p in docs]} shows `{DOC_CMD}`"
     live = ok(*DOC_ARGS).splitlines()
@@ -234,6 +234,3 @@ def test_documented_elastic_example_is_real() -> None:
         text = path.read_text()
         body = text[text.index(DOC_CMD) :].split("```text\n", 1)[1].split("```", 1)[0]
         assert body.splitlines() == live, path
-        if path.name == "elastic_pure.md":
-            code = text.split("```python\n", 1)[1].split("```", 1)[0]
-            exec(compile(code, str(path), "exec"), {})

@@ -204,10 +204,10 @@ def test_a_torchrun_restart_on_fewer_ranks_resumes_resharded(
         torch.testing.assert_close(saved[name], tensor, rtol=1e-5, atol=1e-6)
 
 
-# -- the README text (docs/elastic.md until it is merged into README.md) ------------------
+# -- the README text ----------------------------------------------------------------------
 
 EXCERPT = "# excerpt of examples/elastic.py\n"
-DOCS = [ROOT / "docs" / "elastic.md", ROOT / "README.md"]
+README = ROOT / "README.md"
 
 
 def _python_blocks(path: Path) -> list[str]:
@@ -220,14 +220,7 @@ def _python_blocks(path: Path) -> list[str]:
 
 def test_the_text_quotes_the_example_verbatim() -> None:
     source = EXAMPLE.read_text()
-    excerpts = [b for path in DOCS for b in _python_blocks(path) if b.startswith(EXCERPT)]
-    assert excerpts  # docs/elastic.md has one
+    excerpts = [b for b in _python_blocks(README) if b.startswith(EXCERPT)]
+    assert excerpts  # the elastic section has one
     for block in excerpts:
         assert block.removeprefix(EXCERPT) in source, block
-
-
-def test_the_texts_python_blocks_run() -> None:
-    blocks = [b for b in _python_blocks(DOCS[0]) if not b.startswith(EXCERPT)]
-    assert blocks
-    for block in blocks:
-        exec(compile(block, str(DOCS[0]), "exec"), {})
