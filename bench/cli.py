@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from . import dropin, fake, gloo, hits, memory, pure, report, store_load
+from . import dropin, elastic, fake, gloo, hits, memory, pure, report, store_load
 from .launch import WorkerError
 from .shared import SHAPES, Bench, Json, Mode, expert_shape
 
@@ -93,6 +93,7 @@ SECTIONS: tuple[Callable[[Bench], None], ...] = (
     gloo.section,
     store_load.section,
     dropin.section,
+    elastic.section,
     memory.section,
 )
 

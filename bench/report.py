@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 
+from .elastic import prose as elastic_prose
 from .shared import (
     EXPERT_NAMES,
     NAMES,
@@ -225,6 +226,7 @@ def prose(payload: Json, rows: list[Row], shown: list[Row]) -> list[str]:
     out.extend(_hit_prose(q))
     out.extend(_store_prose(q))
     out.extend(_dropin_prose(q))
+    out.extend(elastic_prose(q.get("elastic.recovery.seconds")))
     return out
 
 

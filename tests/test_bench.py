@@ -39,6 +39,7 @@ SECTIONS = {
     "store load",
     "drop-in (fake)",
     "drop-in (gloo)",
+    "elastic (gloo)",
     "memory",
 }
 EXTRAPOLATED = {2**17, 2**20}
