@@ -1,0 +1,79 @@
+"""What a realize call asks of the store, request by request, on 4 real gloo ranks.
+
+Each rank starts its default group on a counting wrapper around the launcher's store
+(``bench.counting.CountingStore``: a ``get`` counts two, as on the wire), so every
+request of fmesh's agreement is seen. Checked: a hit (a mesh, its slices and flattens,
+realized before; also equal values built anew) sends nothing; a 1-d mesh over the whole
+world in rank order is served by the default group (no group, no request, the first
+time too); a call that creates groups costs each rank at most 5 agreement requests and
+leaves no agreement key behind.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from _dist import run_spawn
+
+import fmesh
+from bench.counting import CountingStore, agree_call, delta, per_call
+
+WORLD = 4
+
+
+def _meshes() -> list[fmesh.Mesh]:
+    """A 3-axis mesh, its slices and flattens: built anew on every call."""
+    mesh = fmesh.make_mesh({"dp": 2, "fsdp": 1, "tp": 2})
+    return [
+        mesh,
+        mesh["dp"],
+        mesh["tp", "dp"],
+        fmesh.flatten(mesh, ("dp", "tp")),
+        fmesh.flatten(mesh, ("tp", "fsdp", "dp")),
+    ]
+
+
+def counted_job(rank: int, world: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    raw: Any = dist.TCPStore(  # type: ignore[attr-defined]  # implicit re-export
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False
+    )
+    store = CountingStore(raw)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    out: dict[str, Any] = {}
+
+    def phase(name: str, meshes: list[fmesh.Mesh]) -> None:
+        before, keys = store.snapshot(), store.key_snapshot()
+        created = sum(fmesh.realize(m).created for m in meshes)
+        out[name] = {
+            "requests": sum(delta(store.snapshot(), before).values()),
+            "agree_per_call": per_call(delta(store.key_snapshot(), keys), agree_call),
+            "created": created,
+        }
+
+    phase("world", [fmesh.make_mesh({"world": world})])
+    phase("create", _meshes())
+    phase("hit_same", _meshes()[:1] * 3)
+    phase("hit_fresh", _meshes())
+    dist.barrier(group=fmesh.realize(fmesh.make_mesh({"world": world})).group("world"))
+    out["left"] = sum("fmesh/a/" in k for k in raw.list_keys()) if rank == 0 else 0
+    return out
+
+
+def test_hits_send_nothing_and_creating_calls_send_a_handful(tmp_path: Path) -> None:
+    outs = run_spawn(counted_job, WORLD, tmp_path=tmp_path, timeout=90).values()
+    for rank, out in enumerate(outs):
+        world = out["world"]
+        assert world == {"requests": 0, "agree_per_call": {}, "created": 0}, (rank, out)
+        create = out["create"]
+        assert create["created"] > 0, out
+        # One agreement per call that created groups; each at most 5 requests.
+        calls = create["agree_per_call"]
+        assert 1 <= len(calls) <= len(_meshes()), out
+        assert max(calls.values()) <= 5, calls
+        for name in ("hit_same", "hit_fresh"):
+            assert out[name] == {"requests": 0, "agree_per_call": {}, "created": 0}, out
+    assert outs[0]["left"] == 0, outs[0]
