@@ -51,7 +51,7 @@ if _typing.TYPE_CHECKING:
     # looked up on first access (below), so `import fmesh` does not import torch.
     from ._c10d import BackendOptions as BackendOptions
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 def __getattr__(name: str) -> object:
