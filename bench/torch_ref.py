@@ -147,7 +147,8 @@ def store_based_barrier(
     from torch.distributed import distributed_c10d as c10d
 
     group_name: Any = name  # a GroupName (a NewType of str) where torch has one
-    c10d._store_based_barrier(rank, store, group_name, count, timeout)
+    typed: Any = store  # a torch Store; 2.15 annotates the parameter, earlier ones not
+    c10d._store_based_barrier(rank, typed, group_name, count, timeout)
 
 
 def group_counters() -> tuple[int, int]:
