@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from . import _disagree
-from ._disagree import ABORT, POISON, Record, Ticket, append, read_done, wait_get
+from ._disagree import POISON, Record, Ticket, append, read_done, wait_get
 from ._errors import MeshMismatchError
 from ._memo import on_reset
 
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from ._c10d import Store
 
 __all__ = [
-    "ABORT",
     "KEY_ROOT",
     "POISON",
     "Record",

@@ -160,17 +160,11 @@ def _create(
     """Make (or find) the group; returns (group, 1 if created else 0)."""
     from ._c10d import default_timeout
 
-    backend, options, options_id = _size_one_backend(request, world)
-    if (
-        request.member
-        and world.intact
-        and options is None
-        and backend == world.backend
-        and request.is_world_in_rank_order(world.size)
-    ):
+    if request.member and request.served_by_world(world):
         # The whole world in rank order is the default group: no second communicator.
         # Every rank is a member, so every rank decides this alike (no collective).
         return world.pg, 0
+    backend, options, options_id = _size_one_backend(request, world)
     members = request.members(world.rank)
     # With an eagerly initialized NCCL world, torch makes every NCCL group by
     # splitting the world communicator, a collective over all ranks; other axes

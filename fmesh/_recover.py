@@ -40,7 +40,7 @@ from ._stream import call_code
 if TYPE_CHECKING:
     from ._c10d import Store
 
-__all__ = ["KEY_ROOT", "recover"]
+__all__ = ["KEY_ROOT", "check_in", "recover"]
 
 logger = logging.getLogger("fmesh")
 
@@ -157,6 +157,13 @@ def _probe() -> int:
     return len(broken)
 
 
+def check_in(conn: Store, epoch: int, rank: int, w: int) -> int:
+    """Step 1: record this rank's arrival and add its weight; the sum so far."""
+    p = f"{KEY_ROOT}{epoch}/"
+    append(conn, p + "who", f"{rank},")
+    return conn.add(p + "n", w)
+
+
 def _verdict(
     conn: Store,
     epoch: int,
@@ -169,8 +176,7 @@ def _verdict(
     import torch.distributed as dist
 
     p = f"{KEY_ROOT}{epoch}/"
-    append(conn, p + "who", f"{rank},")
-    s = conn.add(p + "n", w)
+    s = check_in(conn, epoch, rank, w)
     if s % w:
         conn.compare_set(
             p + "verdict",

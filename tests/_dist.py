@@ -22,6 +22,8 @@ import multiprocessing.context
 import multiprocessing.forkserver
 import os
 import pickle
+import signal
+import subprocess
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Job", "Outcome", "run_spawn"]
+__all__ = ["Job", "Outcome", "run_command", "run_spawn"]
 
 _PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "numpy", "fmesh"]
 _ctx: multiprocessing.context.ForkServerContext | None = None
@@ -238,3 +240,30 @@ def run_spawn(
                 )
             )
     return Job(outcomes=tuple(outcomes), elapsed=elapsed)
+
+
+def run_command(
+    cmd: Sequence[str], cwd: Path, timeout: float
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run a launcher command (torchrun, an example's own launcher) and its ranks;
+    (the completed process, seconds). Past ``timeout`` every process of it is killed
+    (its own session) and the test fails with what it printed."""
+    import pytest
+
+    start = time.monotonic()
+    with subprocess.Popen(
+        list(cmd),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as child:
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            out, err = child.communicate()
+            pytest.fail(f"{' '.join(cmd)} ran past {timeout}s:\n{out}{err}")
+    proc = subprocess.CompletedProcess(list(cmd), child.returncode, out, err)
+    return proc, time.monotonic() - start

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _compare import diff
 from _dist import run_spawn
 
 import fmesh
@@ -338,15 +339,6 @@ def normalized(facts: Any) -> Any:
     return out
 
 
-def _diff(a: Any, b: Any, path: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b), key=str):
-            out += _diff(a.get(k, "<missing>"), b.get(k, "<missing>"), f"{path}/{k}")
-        return out
-    return [] if a == b else [f"{path}: torch {a!r} fmesh {b!r}"]
-
-
 RECIPES = list(fmesh_recipes())
 MADE_UP_ROOT = "sub_dp_tp"
 """The recipe converted before any mesh with all of pp, dp, tp: its root is made up
@@ -383,8 +375,8 @@ def test_every_answer_and_operation_matches_torch(conformance: list[Facts], name
             # mesh without groups (torch's deprecated root-slicing path).
             assert fmesh_ops.pop("getitem flat on root")["groups"] == ("raises", "IndexError")
             assert torch_ops.pop("getitem flat on root")["groups"] != ("raises", "IndexError")
-        assert _diff(normalized(case["torch"]), normalized(case["fmesh"])) == [], rank
-        assert _diff(torch_ops, fmesh_ops) == [], rank
+        assert diff(normalized(case["torch"]), normalized(case["fmesh"])) == [], rank
+        assert diff(torch_ops, fmesh_ops) == [], rank
         # torch's __eq__ / hash: the very same mesh (same rank map, layout, names),
         # except for the relabeled ones.
         assert case["equal"] is (name not in RELABELED)

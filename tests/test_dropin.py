@@ -11,9 +11,9 @@ parallel, and saves and loads a DCP checkpoint, on each library's mesh.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
+from _compare import diff
 from _dist import run_spawn
 from dropin_facts import Facts, answers, init_errors, num_groups, operations, outcome
 
@@ -118,23 +118,14 @@ def side_by_side(
     return world, job.values()
 
 
-def _diff(a: Any, b: Any, path: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b), key=str):
-            out += _diff(a.get(k, "<missing>"), b.get(k, "<missing>"), f"{path}/{k}")
-        return out
-    return [] if a == b else [f"{path}: torch {a!r} fmesh {b!r}"]
-
-
 def test_every_answer_and_operation_matches_torch(
     side_by_side: tuple[int, list[Facts]],
 ) -> None:
     world, outs = side_by_side
     for rank, out in enumerate(outs):
         for tag, case in out["cases"].items():
-            assert _diff(case["torch"], case["fmesh"]) == [], (rank, tag)
-            assert _diff(case["torch_ops"], case["fmesh_ops"]) == [], (rank, tag)
+            assert diff(case["torch"], case["fmesh"]) == [], (rank, tag)
+            assert diff(case["torch_ops"], case["fmesh_ops"]) == [], (rank, tag)
             assert case["equal"] is True and case["hash_equal"] is True, (rank, tag)
             # Not vacuous: slicing, flattening and errors were all exercised.
             ops = case["fmesh_ops"]

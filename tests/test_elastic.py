@@ -164,11 +164,7 @@ def _check_in_then_die() -> None:
         w: int,
         wait: datetime.timedelta,
     ) -> list[int]:
-        from fmesh._disagree import append
-
-        p = f"{_recover.KEY_ROOT}{epoch}/"
-        append(conn, p + "who", f"{rank},")
-        conn.add(p + "n", w)  # it checked in
+        _recover.check_in(conn, epoch, rank, w)
         _die()
         return real(conn, epoch, rank, expected, view, w, wait)  # never reached
 

@@ -6,16 +6,12 @@ exist), and checks what rank 0 printed against fmesh's pure queries.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from subprocess import PIPE
 
-import pytest
+from _dist import run_command
 
 import fmesh
 
@@ -31,19 +27,7 @@ def _run_example() -> tuple[subprocess.CompletedProcess[str], float]:
         "--standalone", "--nproc-per-node", str(NPROC),
         "examples/train_fsdp_tp.py",  # as in the README; cwd is the repo root
     ]  # fmt: skip
-    start = time.monotonic()
-    # Own session, so a hang kills torchrun's workers too, not only torchrun.
-    with subprocess.Popen(
-        cmd, cwd=ROOT, stdout=PIPE, stderr=PIPE, text=True, start_new_session=True
-    ) as child:
-        try:
-            out, err = child.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            out, err = child.communicate()
-            pytest.fail(f"{' '.join(cmd)} ran past {TIMEOUT_S}s:\n{out}{err}")
-    proc = subprocess.CompletedProcess(cmd, child.returncode, out, err)
-    return proc, time.monotonic() - start
+    return run_command(cmd, ROOT, TIMEOUT_S)
 
 
 def test_train_fsdp_tp_loss_falls() -> None:

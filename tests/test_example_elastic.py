@@ -12,19 +12,17 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
-from subprocess import PIPE
 from types import ModuleType
 
 import pytest
 import torch
+from _dist import run_command
 
 import fmesh
 
@@ -40,20 +38,7 @@ JOB_TIMEOUT_S = 180
 
 
 def _run(cmd: list[str]) -> tuple[subprocess.CompletedProcess[str], float]:
-    start = time.monotonic()
-    # Own session, so a hang kills every rank too, not only the launcher.
-    with subprocess.Popen(
-        cmd, cwd=ROOT, stdout=PIPE, stderr=PIPE, text=True, start_new_session=True
-    ) as child:
-        try:
-            out, err = child.communicate(timeout=JOB_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            out, err = child.communicate()
-            pytest.fail(f"{' '.join(cmd)} ran past {JOB_TIMEOUT_S}s:\n{out}{err}")
-    return subprocess.CompletedProcess(
-        cmd, child.returncode, out, err
-    ), time.monotonic() - start
+    return run_command(cmd, ROOT, JOB_TIMEOUT_S)
 
 
 def _steps(stdout: str) -> list[tuple[int, float, str]]:
