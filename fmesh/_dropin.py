@@ -18,10 +18,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from ._errors import DeviceMeshError, MeshError
-from ._interop import realizing_torch_roots, to_device_mesh
+from ._interop import new_root
 from ._launch import check_device_type, ensure_default_group
 from ._mesh import Mesh, make_mesh
 from ._realize import realize
+from ._routing import realizing_torch_roots
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -61,7 +62,10 @@ def init_device_mesh(
             default group's backend.
 
     Returns:
-        A torch ``DeviceMesh`` (memoized: the same arguments give the same object).
+        A new root ``DeviceMesh`` per call, as torch's. Roots over the same ranks share
+        fmesh's groups and one rank map; torch's own methods on them and on every mesh
+        derived from them (``__getitem__``, ``_flatten``, ``_unflatten``,
+        ``_concatenate``) create groups through :func:`fmesh.realize`.
 
     Raises:
         DeviceMeshError: where torch raises ``RuntimeError``: repeated names, a names /
@@ -129,13 +133,7 @@ def init_device_mesh(
             options[name] = o
     with realizing_torch_roots():
         realized = realize(mesh, backend=backend or None, options=options or None)
-    return to_device_mesh(
-        realized.mesh,
-        realized.coordinate,
-        realized.groups,
-        device_type,
-        unnamed=mesh_dim_names is None,
-    )
+    return new_root(realized.mesh, realized.groups, device_type, unnamed=mesh_dim_names is None)
 
 
 @functools.lru_cache(maxsize=64)

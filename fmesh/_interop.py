@@ -31,11 +31,10 @@ naming (``init_device_mesh`` without names hands out unnamed DeviceMeshes).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import itertools
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
@@ -48,6 +47,7 @@ from ._memo import WorldKey, on_loss, on_reset, world_key
 from ._mesh import Mesh
 from ._queries import coordinate as coordinate_of
 from ._queries import instances
+from ._routing import TorchSpace, space_for, torch_roots
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -56,8 +56,8 @@ if TYPE_CHECKING:
 __all__ = [
     "from_device_mesh",
     "is_flatten_of",
+    "new_root",
     "note_realized",
-    "realizing_torch_roots",
     "to_device_mesh",
 ]
 
@@ -75,7 +75,7 @@ class _State:
     device_meshes: dict[tuple[Mesh, str, bool], DeviceMesh] = attrs.field(factory=dict)
     """to_device_mesh memo: (mesh, device type, unnamed) -> DeviceMesh."""
     roots: dict[tuple[WorldKey, str, bool], list[Any]] = attrs.field(factory=dict)
-    """Root DeviceMeshes (:class:`Root`) per (rank space, device type, unnamed)."""
+    """Live root DeviceMeshes (:class:`Root`) per (rank space, device type, unnamed)."""
 
     def reset(self) -> None:
         with self.lock:
@@ -88,26 +88,10 @@ state = _State()
 on_reset(state.reset)
 on_loss(state.reset)  # DeviceMeshes over the old world hold lost ranks
 
-_torch_roots: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "fmesh_torch_roots", default=False
-)
-
-
-@contextlib.contextmanager
-def realizing_torch_roots() -> Iterator[None]:
-    """realize calls inside are the dims of torch roots (``init_device_mesh``): their
-    axes are not offered to other roots as flattens."""
-    token = _torch_roots.set(True)
-    try:
-        yield
-    finally:
-        _torch_roots.reset(token)
-
-
 def note_realized(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:
     """Record name -> (layout, group) per rank space after a realize call, and
     register new flattens in the DeviceMeshes already handed out."""
-    if _torch_roots.get():
+    if torch_roots():
         return
     wk = world_key(mesh)
     with state.lock:
@@ -133,15 +117,6 @@ def _default_device_type() -> str:
     if torch.cuda.is_available() and "nccl" in str(dist.get_backend()):
         return "cuda"
     return "cpu"
-
-
-def _rank_maps(mesh: Mesh) -> tuple[Any, tuple[int, ...]]:
-    """The rank map of ``mesh``'s index space as a tensor and as a tuple."""
-    import torch
-
-    if mesh.rank_map is None:
-        return torch.arange(mesh.index_size, dtype=torch.int), tuple(range(mesh.index_size))
-    return torch.tensor(mesh.rank_map, dtype=torch.int), mesh.rank_map
 
 
 def _sliceable(mesh: Mesh) -> bool:
@@ -200,14 +175,12 @@ def _groups(
 @final
 @attrs.frozen(slots=True, eq=False)
 class Root:
-    """A root DeviceMesh fmesh made, with the mesh of its dims and its rank map."""
+    """A root DeviceMesh fmesh made (held weakly: a root nobody uses goes away), with
+    the mesh of its dims and the rank space it shares with other roots."""
 
     mesh: Mesh
-    device_mesh: DeviceMesh
-    rank_map: Any
-    """The root's rank-map tensor, shared by every DeviceMesh under it."""
-    flat: tuple[int, ...]
-    """The same rank map as a tuple (torch's ``_flatten_rank_map``), shared too."""
+    ref: weakref.ref[DeviceMesh]
+    space: TorchSpace
     unnamed: bool
     """Handed out without dim names (``init_device_mesh`` without names)."""
     decided: set[str] = attrs.field(factory=set)
@@ -220,6 +193,12 @@ class Root:
 
 def _dims(mesh: Mesh) -> list[tuple[tuple[int, int], ...]]:
     return [a.modes for a in mesh.axes]
+
+
+def _live(roots: list[Root]) -> list[Root]:
+    """Drop the roots that went away (under the state lock)."""
+    roots[:] = [r for r in roots if r.ref() is not None]
+    return roots
 
 
 def to_device_mesh(
@@ -257,24 +236,47 @@ def to_device_mesh(
     rank = dist.get_rank()
     dim_groups = _groups(mesh, coordinate, groups)
     with state.lock:
-        roots = state.roots.setdefault((wk, device_type, unnamed), [])
+        roots = _live(state.roots.setdefault((wk, device_type, unnamed), []))
         root = next((r for r in roots if r.has_axes(view)), None)
+        root_dm = None if root is None else root.ref()
     dm: DeviceMesh | None = None
-    if root is None:
+    if root is None or root_dm is None:
         # A mesh with one instance is a root itself, as init_device_mesh's is.
         top = view if view.num_instances == 1 else _root_axes(view)
-        dm_top = _make(
+        root, root_dm = _make(
             top, device_type, rank, None, unnamed, dim_groups if top is view else None
         )
-        root = dm_top
         if top is view:
-            dm = root.device_mesh
+            dm = root_dm
     if dm is None:
-        dm = _make(view, device_type, rank, root, unnamed, dim_groups).device_mesh
+        dm = _make(view, device_type, rank, (root, root_dm), unnamed, dim_groups)[1]
     with state.lock:
         if root not in roots:
             roots.append(root)
+        # The memo holds the DeviceMesh, and through it its root.
         state.device_meshes[key] = dm
+    _sync_flattens(wk)
+    return dm
+
+
+def new_root(
+    mesh: Mesh,
+    groups: Mapping[str, ProcessGroup],
+    device_type: str,
+    *,
+    unnamed: bool,
+) -> DeviceMesh:
+    """A new root DeviceMesh of ``mesh`` (one instance, realized on this rank with
+    ``groups``), as every call of torch's ``init_device_mesh`` makes one: the roots
+    of one rank space share its rank map and fmesh's groups, not their flattens."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    coordinate = coordinate_of(mesh, rank)
+    root, dm = _make(mesh, device_type, rank, None, unnamed, _groups(mesh, coordinate, groups))
+    wk = world_key(mesh)
+    with state.lock:
+        _live(state.roots.setdefault((wk, device_type, unnamed), [])).append(root)
     _sync_flattens(wk)
     return dm
 
@@ -283,25 +285,25 @@ def _make(
     mesh: Mesh,
     device_type: str,
     rank: int,
-    root: Root | None,
+    root: tuple[Root, DeviceMesh] | None,
     unnamed: bool,
     dim_groups: Sequence[tuple[str, Any]] | None,
-) -> Root:
+) -> tuple[Root, DeviceMesh]:
     """The DeviceMesh of ``mesh`` (a root when ``root`` is None), with its facts."""
-    rank_map, flat = _rank_maps(mesh) if root is None else (root.rank_map, root.flat)
+    space = space_for(mesh) if root is None else root[0].space
     coord = coordinate_of(mesh, rank)
     # torch's own search fails off a mesh with several instances: keep its answer.
-    known = (coord, flat) if coord is not None or mesh.num_instances == 1 else None
+    known = (coord, space.flat) if coord is not None or mesh.num_instances == 1 else None
     dm = make_device_mesh(
         device_type,
         _dims(mesh),
-        rank_map,
+        space.tensor,
         None if unnamed else mesh.axis_names,
         dim_groups,
-        None if root is None else root.device_mesh,
+        None if root is None else root[1],
         known,
     )
-    return Root(mesh, dm, rank_map, flat, unnamed)
+    return Root(mesh, weakref.ref(dm), space, unnamed), dm
 
 
 def is_flatten_of(layout: Layout, dims: Sequence[Layout]) -> bool:
@@ -344,12 +346,15 @@ def _sync_flattens(wk: WorldKey) -> None:
             r
             for (w, _, unnamed), rs in state.roots.items()
             if w == wk and not unnamed
-            for r in rs
+            for r in _live(rs)
         ]
     if not names or not roots:
         return
     rank = dist.get_rank()
     for root in roots:
+        dm = root.ref()
+        if dm is None:
+            continue
         with state.lock:
             todo = [
                 (n, e) for n, e in names.items() if e is not None and n not in root.decided
@@ -361,7 +366,7 @@ def _sync_flattens(wk: WorldKey) -> None:
             flat = Mesh((name,), (layout,), root.mesh.index_size, root.mesh.rank_map)
             where = coordinate_of(flat, rank)
             add_flatten(
-                root.device_mesh,
+                dm,
                 name,
                 layout.modes,
                 (pg.group_name, pg),

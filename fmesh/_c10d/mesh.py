@@ -32,6 +32,8 @@ __all__ = [
     "add_flatten",
     "device_mesh_axes",
     "device_mesh_rank_map",
+    "init_fields",
+    "layout_axes",
     "make_device_mesh",
 ]
 
@@ -94,7 +96,11 @@ def _flat_modes(shape: object, stride: object) -> Modes:
 
 def device_mesh_axes(device_mesh: DeviceMesh) -> list[Modes]:
     """Each dimension of ``device_mesh`` as (size, stride) modes over its rank map."""
-    layout: Any = device_mesh._layout
+    return layout_axes(device_mesh._layout)
+
+
+def layout_axes(layout: Any) -> list[Modes]:
+    """Each dimension of a torch mesh layout as (size, stride) modes."""
     if torch_version() >= (2, 13):
         return [_flat_modes(ax.shape, ax.stride) for ax in layout]
     return [_flat_modes(layout[i].shape, layout[i].stride) for i in range(len(layout))]
@@ -106,7 +112,7 @@ def device_mesh_rank_map(device_mesh: DeviceMesh) -> tuple[int, ...]:
 
 
 @functools.cache
-def _init_fields() -> frozenset[str]:
+def init_fields() -> frozenset[str]:
     """The attributes ``DeviceMesh.__init__`` (without a backend) sets on this torch,
     read once off a one-rank mesh."""
     import torch
@@ -164,7 +170,7 @@ def make_device_mesh(
             _hash=None,  # torch 2.13+
             _preserve_rank_order=False,  # torch 2.15: __init__'s default
         )
-        init = _init_fields()  # only the fields this torch sets; if it sets more: __init__
+        init = init_fields()  # only the fields this torch sets; if it sets more: __init__
         if init <= fields.keys():
             dm = DeviceMesh.__new__(DeviceMesh)
             cast(Any, dm).__dict__.update((k, v) for k, v in fields.items() if k in init)
