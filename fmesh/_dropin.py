@@ -133,7 +133,9 @@ def init_device_mesh(
             options[name] = o
     with realizing_torch_roots():
         realized = realize(mesh, backend=backend or None, options=options or None)
-    return new_root(realized.mesh, realized.groups, device_type, unnamed=mesh_dim_names is None)
+    return new_root(
+        realized.mesh, realized.groups, device_type, unnamed=mesh_dim_names is None
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -88,6 +88,7 @@ state = _State()
 on_reset(state.reset)
 on_loss(state.reset)  # DeviceMeshes over the old world hold lost ranks
 
+
 def note_realized(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:
     """Record name -> (layout, group) per rank space after a realize call, and
     register new flattens in the DeviceMeshes already handed out."""

@@ -20,11 +20,15 @@ def diff(a: Any, b: Any, path: str = "") -> list[str]:
 def results(ops: dict[str, Any]) -> dict[str, Any]:
     """What each operation of an operations report (``tests/dropin_facts.operations``)
     answered, without the count of groups it created on this rank."""
-    return {k: v["result"] if isinstance(v, dict) and "result" in v else v for k, v in ops.items()}
+    return {
+        k: v["result"] if isinstance(v, dict) and "result" in v else v for k, v in ops.items()
+    }
 
 
 def _created(ops: dict[str, Any]) -> dict[str, int]:
-    return {k: v["new_groups"] for k, v in ops.items() if isinstance(v, dict) and "new_groups" in v}
+    return {
+        k: v["new_groups"] for k, v in ops.items() if isinstance(v, dict) and "new_groups" in v
+    }
 
 
 def no_more_groups(torch_ops: dict[str, Any], fmesh_ops: dict[str, Any]) -> list[str]:
@@ -32,4 +36,8 @@ def no_more_groups(torch_ops: dict[str, Any], fmesh_ops: dict[str, Any]) -> list
     the answers must be torch's, the counts may be lower because fmesh's memo serves
     groups made before and each rank creates only its own)."""
     theirs, ours = _created(torch_ops), _created(fmesh_ops)
-    return [f"{k}: torch {theirs.get(k)} fmesh {n}" for k, n in ours.items() if n > theirs.get(k, 0)]
+    return [
+        f"{k}: torch {theirs.get(k)} fmesh {n}"
+        for k, n in ours.items()
+        if n > theirs.get(k, 0)
+    ]

@@ -72,7 +72,10 @@ def fake_job(_: int, __: int) -> Facts:
                 "equal": ours == theirs and hash(ours) == hash(theirs),
                 "fields": [_fields(theirs[s] if s else theirs) for s in slices],
                 "fmesh_fields": [_fields(ours[s] if s else ours) for s in slices],
-                "repeat": (again is not ours and again == ours, fmesh.cache_stats().created - created),
+                "repeat": (
+                    again is not ours and again == ours,
+                    fmesh.cache_stats().created - created,
+                ),
                 "repeat_groups": num_groups() - before,
                 "torch_ops": operations(theirs, tag) if device == "cpu" else None,
                 "fmesh_ops": operations(ours, tag) if device == "cpu" else None,

@@ -36,6 +36,7 @@ __all__ = [
     "register_space",
     "set_enabled",
     "space_of",
+    "supported",
 ]
 
 SUPPORTED = ((2, 11), (2, 15))
@@ -126,6 +127,11 @@ def installed() -> bool:
     return _installed
 
 
+def supported(version: tuple[int, int]) -> bool:
+    """Whether the wrappers know the DeviceMesh internals of this torch version."""
+    return SUPPORTED[0] <= version <= SUPPORTED[1]
+
+
 def install() -> bool:
     """Wrap ``DeviceMesh.__init__`` and ``_init_process_groups`` once per process.
     Returns whether routing is installed (not on unknown torch versions, nor with
@@ -133,7 +139,7 @@ def install() -> bool:
     global _installed
     if os.environ.get("FMESH_TORCH_HOOK", "1") == "0":
         return False
-    if not SUPPORTED[0] <= torch_version() <= SUPPORTED[1]:
+    if not supported(torch_version()):
         return False
     with _lock:
         if _installed:
@@ -184,14 +190,16 @@ _INIT_KWARGS = frozenset(
         "_layout",
         "_rank_map",
         "_root_mesh",
-        "_preserve_rank_order",  # torch 2.15
+        "preserve_rank_order",  # torch 2.15
     }
 )
 
 
 def _wrap_init(previous: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(previous)
-    def __init__(self: Any, device_type: str, mesh: Any = None, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self: Any, device_type: str, mesh: Any = None, *args: Any, **kwargs: Any
+    ) -> None:
         if mesh is None and not args and kwargs.keys() <= _INIT_KWARGS:
             space = space_of(kwargs.get("_rank_map"))
             if space is not None and _fast_init(self, space, device_type, kwargs):
@@ -231,7 +239,7 @@ def _fast_init(dm: Any, space: Space, device_type: str, kwargs: dict[str, Any]) 
         _rank=dist.get_rank() if rank is None else rank,
         _coordinate_on_dim=coordinate,
         _hash=None,  # torch 2.13+
-        _preserve_rank_order=kwargs.get("_preserve_rank_order", False),  # torch 2.15
+        _preserve_rank_order=kwargs.get("preserve_rank_order", False),  # torch 2.15
     )
     wanted = init_fields()
     if not wanted <= fields.keys():
