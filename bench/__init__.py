@@ -22,5 +22,6 @@ with :mod:`bench.shared` (shapes, rows, timing, formatting), :mod:`bench.launch`
 (fresh processes), :mod:`bench.counting` (store requests as they go on the wire),
 :mod:`bench.recipes` (the meshes a trainer builds, for both libraries),
 :mod:`bench.torch_ref` (torch's side; the only bench module using private torch
-names) and :mod:`bench.report` (the tables and the README section).
+names) and :mod:`bench.report` (the tables and the section of
+``docs/benchmarks.md``).
 """

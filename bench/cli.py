@@ -1,11 +1,11 @@
-"""``python -m bench``: run the benchmarks, write the results, render the README.
+"""``python -m bench``: run the benchmarks, write the results, render the benchmark page.
 
 ::
 
-    python -m bench            # full run: rewrites bench/results.{json,md} and README.md
+    python -m bench            # full run: bench/results.{json,md}, docs/benchmarks.md
     python -m bench --quick    # smaller sizes, fewer repeats -> bench/out/quick.*
     python -m bench --smoke    # tiny sizes, every code path once -> bench/out/smoke.*
-    python -m bench --render   # re-render results.md and README.md from results.json
+    python -m bench --render   # re-render results.md and docs/benchmarks.md from results.json
     python -m bench --check    # exit 1 unless both are what results.json renders
 """
 
@@ -31,7 +31,8 @@ from .shared import SHAPES, Bench, Json, Mode, expert_shape
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results.json"
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "benchmarks.md"
+"""The page whose section between ``report.BEGIN`` and ``report.END`` is rendered."""
 OUT = HERE / "out"
 """Where quick and smoke runs write (ignored by git)."""
 
@@ -149,29 +150,29 @@ def measure(mode: Mode, log: Callable[[str], None]) -> tuple[Json, list[str]]:
     return payload, errors
 
 
-def write(payload: Json, json_path: Path, readme: Path | None) -> list[Path]:
-    """Write the payload, its table and (for the committed results) the README."""
+def write(payload: Json, json_path: Path, page: Path | None) -> list[Path]:
+    """Write the payload, its table and (for the committed results) the benchmark page."""
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(payload, indent=1) + "\n")
     md = json_path.with_suffix(".md")
     md.write_text(report.results_md(payload))
     block = report.readme_block(payload)
-    if readme is not None:
-        readme.write_text(report.with_section(readme.read_text(), block))
-        return [json_path, md, readme]
+    if page is not None:
+        page.write_text(report.with_section(page.read_text(), block))
+        return [json_path, md, page]
     section = json_path.with_name(json_path.stem + ".readme.md")
     section.write_text(block)
     return [json_path, md, section]
 
 
-def check(json_path: Path, readme: Path) -> list[str]:
+def check(json_path: Path, page: Path) -> list[str]:
     """Differences between the committed renderings and what ``json_path`` renders."""
     payload = report.load(json_path)
     problems: list[str] = []
     md = json_path.with_suffix(".md")
     pairs = (
         (md, md.read_text(), report.results_md(payload)),
-        (readme, report.readme_section(readme.read_text()), report.readme_block(payload)),
+        (page, report.readme_section(page.read_text()), report.readme_block(payload)),
     )
     for path, have, want in pairs:
         if have != want:
@@ -190,28 +191,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     what.add_argument("--quick", action="store_true", help="smaller sizes -> bench/out/")
     what.add_argument("--smoke", action="store_true", help="tiny sizes -> bench/out/")
     what.add_argument(
-        "--render", action="store_true", help="re-render results.md, README from results.json"
+        "--render",
+        action="store_true",
+        help="re-render results.md, docs/benchmarks.md from results.json",
     )
     what.add_argument(
-        "--check", action="store_true", help="exit 1 unless results.md, README are rendered"
+        "--check",
+        action="store_true",
+        help="exit 1 unless results.md, docs/benchmarks.md are rendered",
     )
     parser.add_argument(
         "--out",
         type=Path,
         default=None,
         help="folder for the results (default: bench/ for a full run, which also "
-        "rewrites README.md; bench/out/ otherwise)",
+        "rewrites docs/benchmarks.md; bench/out/ otherwise)",
     )
     args = parser.parse_args(argv)
 
     if args.check:
-        problems = check(RESULTS, README)
+        problems = check(RESULTS, PAGE)
         for p in problems:
             print(p)
         print("bench: renderings are stale" if problems else "bench: renderings match")
         return 1 if problems else 0
     if args.render:
-        for path in write(report.load(RESULTS), RESULTS, README):
+        for path in write(report.load(RESULTS), RESULTS, PAGE):
             print(f"bench: wrote {path}")
         return 0
 
@@ -226,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     committed = mode.name == "full" and args.out is None and not errors
     folder: Path = HERE if committed else (args.out or OUT)
     json_path = folder / ("results.json" if committed else f"{mode.name}.json")
-    for path in write(payload, json_path, README if committed else None):
+    for path in write(payload, json_path, PAGE if committed else None):
         log(f"wrote {path}")
     print(report.results_md(payload))
     if errors:

@@ -1,8 +1,9 @@
-"""Render a results file: the full table (``results.md``) and the README's section.
+"""Render a results file: the full table (``results.md``) and the benchmark page's section.
 
 Everything here is a function of the results payload alone (what ``results.json``
-holds), so the README can be checked against the committed results: every number in
-the README's benchmark section, prose included, is rendered here from a row.
+holds), so ``docs/benchmarks.md`` can be checked against the committed results: every
+number between its markers, prose included, is rendered here from a row. (Functions
+named ``readme_*`` render that section; it lived in the README before 0.4.)
 """
 
 from __future__ import annotations

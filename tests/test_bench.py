@@ -1,4 +1,4 @@
-"""The benchmark machinery runs, and the committed results are what the README shows.
+"""The benchmark machinery runs, and the committed results are what the docs show.
 
 Timings are never asserted: the machine is shared and noisy. Checked instead:
 
@@ -7,7 +7,7 @@ Timings are never asserted: the machine is shared and noisy. Checked instead:
   every row with both figures and a ratio that really is torch / fmesh;
 * the committed ``bench/results.json`` comes from a full run of the current
   benchmark set (every benchmark the smoke run has, at every size), and
-  ``bench/results.md`` and the README's benchmark section are exactly what it
+  ``bench/results.md`` and the section of ``docs/benchmarks.md`` are exactly what it
   renders (``python -m bench --check``), so no figure there is typed by hand.
 """
 
@@ -29,7 +29,7 @@ import fmesh
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-COMMITTED = (BENCH / "results.json", BENCH / "results.md", ROOT / "README.md")
+COMMITTED = (BENCH / "results.json", BENCH / "results.md", ROOT / "docs" / "benchmarks.md")
 SECTIONS = {
     "pure ops",
     "realize (fake)",
@@ -231,14 +231,14 @@ def test_committed_results_cover_the_current_benchmarks(
     assert have - want == set(), "regenerate with `python -m bench`"
 
 
-def test_readme_and_results_md_are_what_the_committed_results_render() -> None:
+def test_benchmark_page_and_results_md_are_what_the_committed_results_render() -> None:
     proc = _bench("--check")
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
 
 
-def test_readme_table_rows_are_rows_of_the_full_table() -> None:
-    readme = (ROOT / "README.md").read_text()
-    block = readme[readme.index("<!-- bench:begin -->") : readme.index("<!-- bench:end -->")]
+def test_benchmark_page_rows_are_rows_of_the_full_table() -> None:
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    block = page[page.index("<!-- bench:begin -->") : page.index("<!-- bench:end -->")]
     rows = [ln for ln in block.splitlines() if ln.startswith("| ")]
     full = (BENCH / "results.md").read_text().splitlines()
     assert len(rows) > 10

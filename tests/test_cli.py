@@ -384,13 +384,10 @@ def test_readme_block_finder() -> None:
 def test_documented_example_is_the_real_output() -> None:
     live = ok(*EXAMPLE_ARGS)
     assert (ROOT / "docs" / "cli_example.txt").read_text() == live
-    readme = ROOT / "README.md"
-    if not readme.exists():
-        return
-    body = readme_block(readme.read_text())
-    if body is None:
-        return  # the README does not show this command
-    assert body, f"README.md shows `{EXAMPLE_CMD}` but no fenced output block after it"
+    page = ROOT / "docs" / "cli.md"
+    body = readme_block(page.read_text())
+    assert body is not None, f"docs/cli.md no longer shows `{EXAMPLE_CMD}`"
+    assert body, f"docs/cli.md shows `{EXAMPLE_CMD}` but no fenced output block after it"
     assert _normal(body) == _normal(live.splitlines())
 
 

@@ -224,9 +224,9 @@ DOC_CMD = (
 
 
 def test_documented_elastic_example_is_real() -> None:
-    """The README's elastic text shows the real output (its python block runs in
+    """The elastic page shows the real output (its python blocks run in
     tests/test_readme.py)."""
-    docs = [ROOT / "README.md"]
+    docs = [ROOT / "docs" / "elastic.md"]
     shown = [p for p in docs if DOC_CMD in p.read_text()]
     assert shown, f"neither {[str(p) for p in docs]} shows `{DOC_CMD}`"
     live = ok(*DOC_ARGS).splitlines()

@@ -189,10 +189,11 @@ def test_a_torchrun_restart_on_fewer_ranks_resumes_resharded(
         torch.testing.assert_close(saved[name], tensor, rtol=1e-5, atol=1e-6)
 
 
-# -- the README text ----------------------------------------------------------------------
+# -- the docs text ------------------------------------------------------------------------
 
 EXCERPT = "# excerpt of examples/elastic.py\n"
-README = ROOT / "README.md"
+# README.md and every docs page; the elastic page has one excerpt at least.
+PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")))
 
 
 def _python_blocks(path: Path) -> list[str]:
@@ -205,7 +206,7 @@ def _python_blocks(path: Path) -> list[str]:
 
 def test_the_text_quotes_the_example_verbatim() -> None:
     source = EXAMPLE.read_text()
-    excerpts = [b for b in _python_blocks(README) if b.startswith(EXCERPT)]
-    assert excerpts  # the elastic section has one
+    excerpts = [b for page in PAGES for b in _python_blocks(page) if b.startswith(EXCERPT)]
+    assert [b for b in _python_blocks(ROOT / "docs" / "elastic.md") if b.startswith(EXCERPT)]
     for block in excerpts:
         assert block.removeprefix(EXCERPT) in source, block

@@ -1,4 +1,15 @@
-"""Every code block in README.md runs, and the quick start matches CI."""
+"""Every code block of README.md and the docs pages runs, and the quick start matches CI.
+
+The conventions, in every page alike:
+
+* a ``python`` block runs as a script; one whose first line is
+  ``# torchrun --nproc-per-node N`` runs under torchrun with N processes;
+* a ``python`` block that starts ``# excerpt of PATH`` quotes a file and is not run:
+  tests/test_example_elastic.py checks that it is verbatim in that file;
+* ``bash`` blocks are not run: the quick start is checked against .ci/run and the
+  example test, every copy of it must be the README's, and every script a bash block
+  names must exist.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +22,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
-BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, re.S)
-# Blocks that quote an example ("# excerpt of examples/elastic.py") are not run here:
-# tests/test_example_elastic.py checks that they are verbatim in that file.
+README = ROOT / "README.md"
+PAGES = (README, *sorted((ROOT / "docs").rglob("*.md")))
+
+
+def _blocks(path: Path, lang: str) -> list[str]:
+    """The bodies of the fenced blocks of one language in a page, in order."""
+    found = re.findall(r"```(\w+)\n(.*?)```", path.read_text(), re.S)
+    return [body for block_lang, body in found if block_lang == lang]
+
+
+def _name(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
 PYTHON = [
-    body for lang, body in BLOCKS if lang == "python" and not body.startswith("# excerpt of ")
+    (_name(path), index, body)
+    for path in PAGES
+    for index, body in enumerate(_blocks(path, "python"))
+    if not body.startswith("# excerpt of ")
 ]
-BASH = [body for lang, body in BLOCKS if lang == "bash"]
+BASH = _blocks(README, "bash")
+ALL_BASH = [(_name(path), body) for path in PAGES for body in _blocks(path, "bash")]
+QUICK_START = "pip install torch==2.13.0 && "
 
 
 def _free_port() -> int:
@@ -28,14 +54,17 @@ def _free_port() -> int:
         return port
 
 
-def test_readme_has_code_blocks() -> None:
-    assert len(PYTHON) >= 2
+def test_pages_have_code_blocks() -> None:
+    assert len(PAGES) > 10
+    assert len(PYTHON) >= 8
+    assert len([b for b in _blocks(README, "python") if not b.startswith("#")]) >= 1
     assert len(BASH) >= 2
 
 
-@pytest.mark.parametrize("index", range(len(PYTHON)))
-def test_python_block_runs(index: int, tmp_path: Path) -> None:
-    body = PYTHON[index]
+@pytest.mark.parametrize(
+    ("page", "index", "body"), PYTHON, ids=[f"{page}:{index}" for page, index, _ in PYTHON]
+)
+def test_python_block_runs(page: str, index: int, body: str, tmp_path: Path) -> None:
     script = tmp_path / f"block{index}.py"
     script.write_text(body)
     first = body.splitlines()[0]
@@ -60,7 +89,7 @@ def test_python_block_runs(index: int, tmp_path: Path) -> None:
     result = subprocess.run(
         cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, page + result.stdout[-3000:] + result.stderr[-3000:]
 
 
 def test_quick_start_test_command_is_what_ci_runs() -> None:
@@ -87,3 +116,20 @@ def test_quick_start_demo_command_is_what_the_example_test_runs() -> None:
     example_test = (ROOT / "tests" / "test_example.py").read_text()
     assert "--standalone" in example_test
     assert "examples/train_fsdp_tp.py" in example_test
+
+
+def test_every_copy_of_the_quick_start_is_the_readmes() -> None:
+    readme = {b.strip() for b in BASH if b.startswith(QUICK_START)}
+    assert len(readme) == 2
+    copies = [(page, body.strip()) for page, body in ALL_BASH if "torch==2.13.0" in body]
+    assert [(page, body) for page, body in copies if body not in readme] == []
+
+
+def test_scripts_named_in_bash_blocks_exist() -> None:
+    named = {
+        (page, path)
+        for page, body in ALL_BASH
+        for path in re.findall(r"(?:examples|tests|bench)/[\w/]+\.py", body)
+    }
+    assert named  # the quick start names the demo
+    assert [(page, path) for page, path in sorted(named) if not (ROOT / path).is_file()] == []
