@@ -206,6 +206,8 @@ def threaded_job(_: int, __: int) -> dict[int, Any]:
             theirs = torch_init("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
             total = torch.ones(1) * rank
             dist.all_reduce(total, group=ours["tp"].get_group())
+            # torch's own methods on it stay torch's too (the hook passes them on).
+            flat = ours._flatten("dp_tp")
             try:
                 fmesh.realize(fmesh.make_mesh({"dp": 2, "tp": 2}))
                 refused = ""
@@ -216,6 +218,7 @@ def threaded_job(_: int, __: int) -> dict[int, Any]:
                 "equal": ours == theirs,
                 "coordinate": ours.get_coordinate(),
                 "tp_sum": float(total.item()),
+                "flat": flat.mesh.tolist(),
                 "fmesh_created": fmesh.cache_stats().created,
             }
         except BaseException as err:  # reported to the test
@@ -237,7 +240,8 @@ def test_threaded_worlds_get_torchs_own_mesh(tmp_path: Path) -> None:
         assert facts["equal"] is True
         assert facts["coordinate"] == (rank // 2, rank % 2)
         assert facts["tp_sum"] == (rank // 2 * 2) * 2 + 1
-        assert facts["fmesh_created"] == 0  # torch made the groups
+        assert facts["flat"] == [0, 1, 2, 3]
+        assert facts["fmesh_created"] == 0  # torch made the groups, the flatten's too
         # fmesh.realize itself says at once why it cannot serve a threaded world.
         assert "cannot run on torch's threaded test world" in facts["refused"]
 

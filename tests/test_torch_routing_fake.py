@@ -1,0 +1,141 @@
+"""torch's own DeviceMesh methods on fmesh's meshes, on big fake worlds, and where the
+routing steps aside (torchcomms, ``FMESH_TORCH_HOOK=0``, torch versions it does not
+know). Each job runs in a fresh process: the routing is installed once per process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _dist import run_spawn
+from test_torch_routing import _count_new_group
+
+import fmesh
+from fmesh._c10d.hook import supported
+
+BIG = 2**14
+RANK = 9001
+
+
+def titan_views(init: Any, world: int) -> dict[str, Any]:
+    """torchtitan's build_mesh calls on a world of ``world`` ranks: pp=4, cp=2, tp=8,
+    ep=4 and the rest data-parallel (half replicate, half shard)."""
+    pp, cp, tp = 4, 2, 8
+    batch = world // (pp * cp * tp)
+    dp_replicate, dp_shard = 2, batch // 2
+    root = init("cpu", (world,), mesh_dim_names=("world",))
+    loading = root._unflatten(0, (pp, batch, cp, tp), ("pp", "batch", "cp", "tp"))
+    loss = loading["batch", "cp"]._flatten("loss_mesh")
+    dense = root._unflatten(
+        0, (pp, dp_replicate, dp_shard, cp, tp), ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+    )
+    sparse = root._unflatten(
+        0,
+        (pp, dp_replicate, dp_shard * cp * tp // 4, 4),
+        ("pp", "dp_replicate", "efsdp", "ep"),
+    )
+    fwdbwd = root._unflatten(0, (pp, batch, cp, tp), ("pp", "dp", "cp", "tp"))[
+        "dp", "cp", "tp"
+    ]
+    singles = {n: loading[n] for n in ("pp", "batch", "cp", "tp")}
+    singles |= {n: dense[n] for n in ("dp_replicate", "dp_shard")}
+    singles |= {"loss": loss, "ep": sparse["ep"], "efsdp": sparse["efsdp"], "dp": fwdbwd["dp"]}
+    return {
+        "root": root,
+        "singles": singles,
+        "all": [loading, dense, sparse, fwdbwd, *singles.values()],
+    }
+
+
+def _answers(views: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    return {
+        name: (
+            dm.mesh.tolist(),
+            dm.get_coordinate(),
+            dm.get_local_rank(),
+            dist.get_process_group_ranks(dm.get_group()),
+        )
+        for name, dm in views["singles"].items()
+    }
+
+
+def big_world_job(_: int, __: int) -> dict[str, Any]:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh as torch_init
+
+    from fmesh.device_mesh import init_device_mesh
+
+    fmesh.init_fake_world(BIG, RANK)
+    theirs = _answers(titan_views(torch_init, BIG))
+    new_groups = _count_new_group()
+    created = fmesh.cache_stats().created
+    views = titan_views(init_device_mesh, BIG)
+    flat = views["root"]._flatten_rank_map
+    groups = {id(dm.get_group()): dm.get_group() for dm in views["singles"].values()}
+    default = dist.group.WORLD
+    return {
+        "equal": _answers(views) == theirs,
+        "new_group": new_groups[0],
+        "created": fmesh.cache_stats().created - created,
+        "distinct": len([g for g in groups.values() if g is not default]),
+        # One rank-map tuple for every mesh under the root: nothing copied per slice.
+        "shared": all(dm._flatten_rank_map is flat for dm in views["all"]),
+    }
+
+
+def test_a_big_fake_world_answers_as_torch_with_only_this_ranks_groups(tmp_path: Path) -> None:
+    out = run_spawn(
+        big_world_job, 1, tmp_path=tmp_path, launch_env=False, timeout=240
+    ).values()[0]
+    assert out["equal"] is True
+    assert out["new_group"] == 0
+    # Groups constructed == the distinct groups this rank holds (every single-axis
+    # mesh's group, less the default group); the multi-axis views add none.
+    assert out["created"] == out["distinct"] > 0, out
+    assert out["shared"] is True
+
+
+def stepping_aside_job(_: int, __: int, how: str) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from fmesh._c10d.hook import installed
+    from fmesh.device_mesh import init_device_mesh
+
+    if how == "env":
+        os.environ["FMESH_TORCH_HOOK"] = "0"
+    fmesh.init_fake_world(64, 5)
+    if how == "torchcomms":
+        dist.config.use_torchcomms = True  # type: ignore[attr-defined]  # torch's config module sets its attributes dynamically
+    root = init_device_mesh("cpu", (64,), mesh_dim_names=("world",))
+    new_groups = _count_new_group()
+    created = fmesh.cache_stats().created
+    mesh = root._unflatten(0, (4, 16), ("dp", "tp"))
+    tp = mesh["tp"]
+    return {
+        "installed": installed(),
+        "fmesh_created": fmesh.cache_stats().created - created,
+        "torch_new_group": new_groups[0],
+        "tp": tp.mesh.tolist(),
+    }
+
+
+@pytest.mark.parametrize("how", ["env", "torchcomms"])
+def test_the_routing_steps_aside(tmp_path: Path, how: str) -> None:
+    out = run_spawn(stepping_aside_job, 1, how, tmp_path=tmp_path, launch_env=False).values()[
+        0
+    ]
+    # torch creates the groups of torch's methods itself, as without fmesh.
+    assert out["fmesh_created"] == 0 and out["torch_new_group"] > 0, out
+    assert out["tp"] == list(range(0, 16)), out
+    assert out["installed"] is (how != "env"), out
+
+
+def test_only_known_torch_versions_are_routed() -> None:
+    for minor in range(11, 16):
+        assert supported((2, minor))
+    for version in [(2, 10), (2, 16), (3, 0), (1, 13)]:
+        assert not supported(version), version
