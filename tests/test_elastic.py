@@ -151,7 +151,7 @@ def _wait_event(store: Any, recoveries: int) -> str:
 
 def _check_in_then_die() -> None:
     """Make this rank's next recover() check in and then die (a fault inside it)."""
-    from fmesh import _recover
+    from fmesh._runtime import recover as _recover
 
     real = _recover._verdict
 

@@ -112,8 +112,8 @@ def _private_torch_uses(path: Path) -> list[str]:
     return found
 
 
-COMPAT = ROOT / "fmesh" / "_c10d"
-"""The compat package: process groups and DTensor (``__init__.py``), DeviceMesh."""
+COMPAT = ROOT / "fmesh" / "_compat"
+"""The compat package: process groups (``c10d.py``), DTensor, DeviceMesh (``mesh.py``)."""
 
 
 def test_private_torch_names_live_only_in_the_compat_package() -> None:
@@ -136,29 +136,40 @@ MAX_MODULE_LINES = 400
 
 
 def _node(path: Path) -> str:
-    """The package's top-level module ``path`` belongs to (``_c10d`` for the compat
-    package's files)."""
-    return path.relative_to(ROOT / "fmesh").parts[0].removesuffix(".py")
+    """The dotted module name of ``path`` inside the package (``_core.mesh``; a
+    package's ``__init__.py`` is the package itself, ``_compat``)."""
+    parts = path.relative_to(ROOT / "fmesh").with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
 
 
 def _package_imports(path: Path) -> set[str]:
     """Modules of the package that ``path`` imports anywhere: at the top, inside a
     function (a lazy import is still a dependency) or for type checking only."""
-    inside = path.parent != ROOT / "fmesh"  # a file of a subpackage
+    here = path.relative_to(ROOT / "fmesh").parent.parts  # the file's package
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.ImportFrom):
             continue
-        if node.level == 1 and not inside:
-            if node.module:
-                found.add(node.module.split(".")[0])
-            else:
-                found.update(alias.name for alias in node.names)
-        elif node.level == 2 and inside and node.module:
-            found.add(node.module.split(".")[0])
-        elif (node.module or "").startswith("fmesh."):
-            found.add((node.module or "").split(".")[1])
-    return found - {_node(path)}
+        module = node.module or ""
+        if node.level:
+            base = list(here[: len(here) - (node.level - 1)])
+        elif module.startswith("fmesh."):
+            base, module = [], module.removeprefix("fmesh.")
+        else:
+            continue
+        if module:
+            found.add(".".join([*base, module]))
+        else:  # from . import a, b: modules, or names of the package itself
+            found.update(".".join([*base, alias.name]) for alias in node.names)
+    modules = {_node(p) for p in (ROOT / "fmesh").rglob("*.py")}
+    # `from .x import name` names a module x (or its package); keep what exists.
+    resolved: set[str] = set()
+    for name in found:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name:
+            resolved.add(name)
+    return resolved - {_node(path)}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -197,9 +208,10 @@ def test_the_package_has_no_import_cycle() -> None:
     graph: dict[str, set[str]] = {}
     for path in (ROOT / "fmesh").rglob("*.py"):
         graph.setdefault(_node(path), set()).update(_package_imports(path))
-    graph.pop("__init__.py".removesuffix(".py"))  # re-exports all; nothing imports it
+    graph.pop("__init__")  # re-exports all; nothing imports it
     assert _cycle(graph) is None
     # The checker finds a cycle when there is one.
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert "_memo" in graph["_realize"] and "_realized" in graph["_realize"]
-    assert "_c10d" in graph["_interop"]
+    assert "_runtime.memo" in graph["_runtime.realize"]
+    assert "_runtime.realized_mesh" in graph["_runtime.realize"]
+    assert "_compat.mesh" in graph["_torch.interop"]

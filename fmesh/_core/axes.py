@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ._errors import AxisNotFoundError, MeshError
+from .errors import AxisNotFoundError, MeshError
 
 __all__ = ["HasAxisNames", "axis_position", "check_names", "check_size", "names_tuple"]
 

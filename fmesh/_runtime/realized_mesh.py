@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
-from ._axes import axis_position
-from ._errors import MeshError
-from ._interop import to_device_mesh
-from ._mesh import Mesh
+from .._core.axes import axis_position
+from .._core.errors import MeshError
+from .._core.mesh import Mesh
+from .._torch.interop import to_device_mesh
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

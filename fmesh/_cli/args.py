@@ -15,12 +15,12 @@ from typing import final
 
 import attrs
 
-from ._describe import ShownAxis, format_ranks
-from ._elastic import replace, shrink
-from ._errors import MeshError
-from ._mesh import Mesh, make_mesh
-from ._ops import flatten, unflatten
-from ._queries import coordinate
+from .._core.elastic import replace, shrink
+from .._core.errors import MeshError
+from .._core.mesh import Mesh, make_mesh
+from .._core.ops import flatten, unflatten
+from .._core.queries import coordinate
+from .describe import ShownAxis, format_ranks
 
 __all__ = [
     "SPEC_HELP",

@@ -23,7 +23,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ._cli_args import (
+from .._core.errors import MeshError
+from .._core.hosts import BANDWIDTH_HEAVY_AXES
+from .._core.queries import coordinate
+from .args import (
     SPEC_HELP,
     CliError,
     Edits,
@@ -33,10 +36,7 @@ from ._cli_args import (
     parse_names,
     parse_spec,
 )
-from ._describe import describe_text
-from ._errors import MeshError
-from ._hosts import BANDWIDTH_HEAVY_AXES
-from ._queries import coordinate
+from .describe import describe_text
 
 __all__ = ["describe", "describe_json", "main", "parse_spec", "plan"]
 
@@ -118,7 +118,7 @@ def plan(
         raise CliError(
             f"--rank {rank} is not in the world of {world} ranks; expected 0..{world - 1}"
         )
-    from ._plan import known_backends, plan_text
+    from .dry_run import known_backends, plan_text
 
     known = known_backends()
     for part in backend.split(","):
@@ -150,7 +150,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .. import __version__
 
     parser = _Parser(
         prog="fmesh",

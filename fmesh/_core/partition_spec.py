@@ -17,8 +17,8 @@ import math
 from collections.abc import Sequence
 from typing import Final, TypeAlias, final
 
-from ._errors import AxisNotFoundError, MeshError
-from ._mesh import Mesh
+from .errors import AxisNotFoundError, MeshError
+from .mesh import Mesh
 
 __all__ = [
     "P",

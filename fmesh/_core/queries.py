@@ -12,12 +12,12 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ._axes import axis_position
-from ._errors import MeshError
-from ._layout import Layout, complement_modes
-from ._mesh import Mesh
-from ._ops import require_mesh
-from ._rankmap import rank_map_info
+from .axes import axis_position
+from .errors import MeshError
+from .layout import Layout, complement_modes
+from .mesh import Mesh
+from .ops import require_mesh
+from .rank_map import rank_map_info
 
 __all__ = [
     "coordinate",

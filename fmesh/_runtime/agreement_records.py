@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Protocol, cast, final
 
 import attrs
 
-from ._errors import MeshMismatchError
+from .._core.errors import MeshMismatchError
 
 if TYPE_CHECKING:
-    from ._c10d import Store
+    from .._compat import Store
 
 __all__ = [
     "ABORT",

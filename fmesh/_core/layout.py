@@ -22,7 +22,7 @@ from typing import final
 
 import attrs
 
-from ._errors import MeshError, UnrepresentableSplitError
+from .errors import MeshError, UnrepresentableSplitError
 
 __all__ = ["Layout"]
 

@@ -28,18 +28,18 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
-from . import _agree
-from ._errors import MeshMismatchError
-from ._layout import Layout
-from ._memo import GroupKey, digest, rank_map_key, state
-from ._mesh import Mesh
-from ._queries import group, rank_of
-from ._rankmap import rank_map_info
+from .._core.errors import MeshMismatchError
+from .._core.layout import Layout
+from .._core.mesh import Mesh
+from .._core.queries import group, rank_of
+from .._core.rank_map import rank_map_info
+from . import agreement as _agree
+from .memo import GroupKey, digest, rank_map_key, state
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from ._c10d import Store
+    from .._compat import Store
 
 __all__ = ["AxisRequest", "World", "axis_group"]
 
@@ -158,7 +158,7 @@ def _create(
     ticket: _agree.Ticket | None,
 ) -> tuple[ProcessGroup | None, int]:
     """Make (or find) the group; returns (group, 1 if created else 0)."""
-    from ._c10d import default_timeout
+    from .._compat import default_timeout
 
     if request.member and request.served_by_world(world):
         # The whole world in rank order is the default group: no second communicator.
@@ -213,7 +213,7 @@ def _shrunk(key: GroupKey) -> ProcessGroup | None:
     """After a loss, on NCCL: the group shrunk from a retired one whose survivors are
     exactly ``key``'s members, in the same order (no new rendezvous); else ``None``.
     Every member finds the same retired group: retirement is the same on survivors."""
-    from ._c10d import shrink_from
+    from .._compat import shrink_from
 
     members, backend, options_id = key
     if "nccl" not in backend:
@@ -250,7 +250,7 @@ def _new_group(
     ticket: _agree.Ticket | None,
 ) -> ProcessGroup | None:
     """Create one group with ranks in coordinate order, explaining failures."""
-    from ._c10d import default_store, memory_store, new_named_group
+    from .._compat import default_store, memory_store, new_named_group
 
     name = _group_name(ranks, backend, options_id)
     if len(ranks) == 1:
@@ -311,7 +311,7 @@ def _split(
     Every rank of the world calls this once per axis (non-members pass a group they
     are not in, which makes them take part in the split without joining).
     """
-    from ._c10d import new_named_group, split_from_world
+    from .._compat import new_named_group, split_from_world
 
     mesh = request.mesh
     some = request.members(world.rank) or group(mesh, request.name, rank_of(mesh, 0))

@@ -30,15 +30,15 @@ import datetime
 import logging
 from typing import TYPE_CHECKING
 
-from . import _agree
-from ._disagree import append, wait_get
-from ._errors import LaunchError, MeshMismatchError
-from ._launch import check_timeout
-from ._memo import state
-from ._stream import call_code
+from .._core.errors import LaunchError, MeshMismatchError
+from . import agreement as _agree
+from .agreement_records import append, wait_get
+from .launch import check_timeout
+from .memo import state
+from .stream import call_code
 
 if TYPE_CHECKING:
-    from ._c10d import Store
+    from .._compat import Store
 
 __all__ = ["KEY_ROOT", "check_in", "recover"]
 
@@ -88,7 +88,7 @@ def recover(*, timeout: datetime.timedelta) -> frozenset[int]:
     """
     import torch.distributed as dist
 
-    from ._c10d import default_store
+    from .._compat import default_store
 
     wait = check_timeout(timeout, "recover")
     if wait is None:

@@ -40,14 +40,19 @@ from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
-from ._c10d.mesh import add_flatten, device_mesh_axes, device_mesh_rank_map, make_device_mesh
-from ._errors import MeshError
-from ._launch import check_device_type
-from ._layout import Layout, complement_modes, row_major
-from ._memo import WorldKey, on_loss, on_reset, world_key
-from ._mesh import Mesh
-from ._queries import coordinate as coordinate_of
-from ._queries import instances
+from .._compat.mesh import (
+    add_flatten,
+    device_mesh_axes,
+    device_mesh_rank_map,
+    make_device_mesh,
+)
+from .._core.errors import MeshError
+from .._core.layout import Layout, complement_modes, row_major
+from .._core.mesh import Mesh
+from .._core.queries import coordinate as coordinate_of
+from .._core.queries import instances
+from .._runtime.launch import check_device_type
+from .._runtime.memo import WorldKey, on_loss, on_reset, world_key
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -148,7 +153,7 @@ def _sliceable(mesh: Mesh) -> bool:
     """Whether torch can slice ``mesh``'s dims out of a root in this order: its modes,
     axis after axis, have decreasing strides (and, before torch 2.13, every axis is
     one mode)."""
-    from ._c10d import torch_version
+    from .._compat import torch_version
 
     strides = [d for _, d in Layout.concat(mesh.axes).modes]
     if any(a <= b for a, b in itertools.pairwise(strides)):

@@ -17,16 +17,16 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from ._errors import DeviceMeshError, MeshError
-from ._interop import realizing_torch_roots, to_device_mesh
-from ._launch import check_device_type, ensure_default_group
-from ._mesh import Mesh, make_mesh
-from ._realize import realize
+from .._core.errors import DeviceMeshError, MeshError
+from .._core.mesh import Mesh, make_mesh
+from .._runtime.launch import check_device_type, ensure_default_group
+from .._runtime.realize import realize
+from .interop import realizing_torch_roots, to_device_mesh
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from ._c10d import BackendOptions
+    from .._compat import BackendOptions
 
 __all__ = ["init_device_mesh"]
 
@@ -183,7 +183,7 @@ def _normalize_backend_override(
 ) -> tuple[BackendConfig, ...]:
     """(backend, options) per dim, as torch normalizes ``backend_override``: a dim is
     named by index or by name (not both); a value is a backend, options, or both."""
-    from ._c10d import backend_options_type
+    from .._compat import backend_options_type
 
     options_type = backend_options_type()
     left = dict(backend_override)

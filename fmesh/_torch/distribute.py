@@ -11,11 +11,17 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ._c10d import explicit_shard_order, strided_shard, strided_shard_parts
-from ._errors import MeshError
-from ._mesh import Mesh
-from ._realized import RealizedMesh
-from ._spec import PartitionSpec, ShardPlan, plan_from_spec, spec_dims, spec_from_plan
+from .._compat import explicit_shard_order, strided_shard, strided_shard_parts
+from .._core.errors import MeshError
+from .._core.mesh import Mesh
+from .._core.partition_spec import (
+    PartitionSpec,
+    ShardPlan,
+    plan_from_spec,
+    spec_dims,
+    spec_from_plan,
+)
+from .._runtime.realized_mesh import RealizedMesh
 
 if TYPE_CHECKING:
     import torch

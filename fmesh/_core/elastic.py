@@ -23,12 +23,12 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ._axes import axis_position
-from ._errors import MeshError
-from ._layout import Layout, Mode, complement_modes
-from ._mesh import Mesh
-from ._queries import coordinate, index_of
-from ._rankmap import rank_map_info
+from .axes import axis_position
+from .errors import MeshError
+from .layout import Layout, Mode, complement_modes
+from .mesh import Mesh
+from .queries import coordinate, index_of
+from .rank_map import rank_map_info
 
 __all__ = ["replace", "shrink"]
 

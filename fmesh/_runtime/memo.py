@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import attrs
 
-from ._mesh import Mesh
-from ._rankmap import rank_map_info
-from ._stream import Stream
+from .._core.mesh import Mesh
+from .._core.rank_map import rank_map_info
+from .stream import Stream
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -230,7 +230,7 @@ def destroy() -> None:
     """
     import torch.distributed as dist
 
-    from ._c10d import is_live
+    from .._compat import is_live
 
     with state.lock:
         pgs = list(state.created_pgs)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from ._errors import MeshError
-from ._layout import Layout
+from .errors import MeshError
+from .layout import Layout
 
 __all__ = ["JSON_VERSION", "Fields", "dumps", "loads"]
 

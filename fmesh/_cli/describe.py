@@ -14,11 +14,11 @@ from typing import final
 import attrs
 import numpy as np
 
-from ._errors import MeshError
-from ._hosts import BANDWIDTH_HEAVY_AXES, AxisHosts, host_report
-from ._layout import Layout
-from ._mesh import Mesh
-from ._queries import coordinate, group, index_of, rank_at, rank_of
+from .._core.errors import MeshError
+from .._core.hosts import BANDWIDTH_HEAVY_AXES, AxisHosts, host_report
+from .._core.layout import Layout
+from .._core.mesh import Mesh
+from .._core.queries import coordinate, group, index_of, rank_at, rank_of
 
 __all__ = [
     "ShownAxis",

@@ -12,8 +12,12 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ._c10d import init_fake_world
-from ._describe import (
+from .._compat import init_fake_world
+from .._core.mesh import Mesh
+from .._core.queries import coordinate
+from .._runtime.memo import cache_stats, destroy
+from .._runtime.realize import realize
+from .describe import (
     ShownAxis,
     a_or_an,
     coord_str,
@@ -24,10 +28,6 @@ from ._describe import (
     placement,
     table,
 )
-from ._memo import cache_stats, destroy
-from ._mesh import Mesh
-from ._queries import coordinate
-from ._realize import realize
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from ._axes import axis_position, check_names, check_size
-from ._errors import MeshError, UnrepresentableSplitError
-from ._layout import Layout
-from ._mesh import Mesh, select_axes
+from .axes import axis_position, check_names, check_size
+from .errors import MeshError, UnrepresentableSplitError
+from .layout import Layout
+from .mesh import Mesh, select_axes
 
 __all__ = [
     "axis_position",

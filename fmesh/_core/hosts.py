@@ -18,11 +18,11 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ._axes import check_size, names_tuple
-from ._errors import AxisNotFoundError, MeshError
-from ._layout import Layout
-from ._mesh import Mesh
-from ._rankmap import rank_map_info
+from .axes import check_size, names_tuple
+from .errors import AxisNotFoundError, MeshError
+from .layout import Layout
+from .mesh import Mesh
+from .rank_map import rank_map_info
 
 __all__ = [
     "BANDWIDTH_HEAVY_AXES",

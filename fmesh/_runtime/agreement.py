@@ -46,13 +46,13 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
-from . import _disagree
-from ._disagree import POISON, Record, Ticket, append, read_done, wait_get
-from ._errors import MeshMismatchError
-from ._memo import on_reset
+from .._core.errors import MeshMismatchError
+from . import agreement_records as _disagree
+from .agreement_records import POISON, Record, Ticket, append, read_done, wait_get
+from .memo import on_reset
 
 if TYPE_CHECKING:
-    from ._c10d import Store
+    from .._compat import Store
 
 __all__ = [
     "KEY_ROOT",

@@ -16,11 +16,11 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from . import _json as mesh_json
-from ._axes import axis_position, check_names, check_size, names_tuple
-from ._errors import MeshError
-from ._layout import Layout, complement_modes, row_major
-from ._rankmap import rank_map_info
+from . import mesh_json
+from .axes import axis_position, check_names, check_size, names_tuple
+from .errors import MeshError
+from .layout import Layout, complement_modes, row_major
+from .rank_map import rank_map_info
 
 __all__ = ["Mesh", "RanksLike", "make_mesh", "select_axes"]
 

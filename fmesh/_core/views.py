@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from ._axes import axis_position
-from ._layout import Layout
-from ._mesh import Mesh
-from ._rankmap import rank_map_info
+from .axes import axis_position
+from .layout import Layout
+from .mesh import Mesh
+from .rank_map import rank_map_info
 
 __all__ = ["same_groups", "same_ranks"]
 

@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import MeshError
+from .errors import MeshError
 
 __all__ = ["RankMapInfo", "rank_map_info"]
 

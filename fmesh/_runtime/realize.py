@@ -26,24 +26,24 @@ from typing import TYPE_CHECKING, final
 
 import attrs
 
-from . import _agree
-from ._axes import axis_position
-from ._c10d import debug_detail
-from ._errors import MeshError
-from ._groups import AxisRequest, World, axis_group
-from ._interop import note_realized
-from ._launch import check_backend, check_timeout, ensure_default_group
-from ._memo import rank_map_key, state
-from ._mesh import Mesh
-from ._queries import coordinate, index_of
-from ._rankmap import rank_map_info
-from ._realized import RealizedMesh
-from ._stream import Stream, call_code, combine
+from .._compat import debug_detail
+from .._core.axes import axis_position
+from .._core.errors import MeshError
+from .._core.mesh import Mesh
+from .._core.queries import coordinate, index_of
+from .._core.rank_map import rank_map_info
+from .._torch.interop import note_realized
+from . import agreement as _agree
+from .groups import AxisRequest, World, axis_group
+from .launch import check_backend, check_timeout, ensure_default_group
+from .memo import rank_map_key, state
+from .realized_mesh import RealizedMesh
+from .stream import Stream, call_code, combine
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from ._c10d import BackendOptions
+    from .._compat import BackendOptions
 
 __all__ = ["realize"]
 
@@ -272,7 +272,7 @@ def _realize(
 
     ticket: _agree.Ticket | None = None
     if agrees and not world.fake and world.size > 1:
-        from ._c10d import default_store
+        from .._compat import default_store
 
         where = f"realize call #{number} of thread {stream_name!r}"
         ticket = _agree.agree(

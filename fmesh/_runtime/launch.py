@@ -10,7 +10,7 @@ import datetime
 import logging
 import os
 
-from ._errors import LaunchError, MeshError
+from .._core.errors import LaunchError, MeshError
 
 __all__ = [
     "check_backend",
@@ -199,7 +199,7 @@ def init_fake_world(world_size: int, rank: int) -> None:
     """
     import torch.distributed as dist
 
-    from ._c10d import init_fake_world as init
+    from .._compat import init_fake_world as init
 
     for name, value in (("world_size", world_size), ("rank", rank)):
         if isinstance(value, bool) or not isinstance(value, int):
