@@ -215,3 +215,61 @@ def test_the_package_has_no_import_cycle() -> None:
     assert "_runtime.memo" in graph["_runtime.realize"]
     assert "_runtime.realized_mesh" in graph["_runtime.realize"]
     assert "_compat.mesh" in graph["_torch.interop"]
+
+
+# -- layering: core -> runtime -> torch interop and CLI ------------------------------------
+
+LAYERS = {
+    "_core": {"_core"},
+    "_compat": {"_compat"},
+    "_runtime": {"_core", "_compat", "_runtime"},
+    "_torch": {"_core", "_compat", "_runtime", "_torch"},
+    "_cli": {"_core", "_compat", "_runtime", "_cli"},
+}
+"""Subpackage -> the subpackages it may import (lazily and for type checking too): the
+core needs nothing, the runtime knows nothing that builds DeviceMeshes (the interop
+registers hooks in ``_runtime/hooks.py``), the torch interop and the CLI sit on top."""
+
+
+def _imports_torch(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(name.split(".")[0] == "torch" for name in names):
+            return True
+    return False
+
+
+def test_layers_import_one_way() -> None:
+    offenders = []
+    for path in sorted((ROOT / "fmesh").rglob("*.py")):
+        layer = _node(path).split(".")[0]
+        if layer not in LAYERS:
+            continue  # the public faces at the top re-export from every layer
+        offenders += [
+            f"{_node(path)} -> {dep}"
+            for dep in sorted(_package_imports(path))
+            if dep.split(".")[0] not in LAYERS[layer]
+        ]
+    assert offenders == []
+    assert set(LAYERS) == {
+        p.name for p in (ROOT / "fmesh").iterdir() if (p / "__init__.py").exists()
+    }
+    # The checker sees lazy imports (memo's destroy) and TYPE_CHECKING ones (realize).
+    assert "_compat" in _package_imports(ROOT / "fmesh/_runtime/memo.py")
+    assert "_compat" in _package_imports(ROOT / "fmesh/_runtime/realize.py")
+
+
+def test_the_core_imports_no_torch() -> None:
+    assert [
+        p.name for p in sorted((ROOT / "fmesh/_core").glob("*.py")) if _imports_torch(p)
+    ] == []
+    assert _imports_torch(ROOT / "fmesh/_runtime/launch.py")  # the checker finds it
+
+
+def test_the_public_faces_stay_few() -> None:
+    assert len(list((ROOT / "fmesh").glob("*.py"))) <= 6

@@ -1,15 +1,7 @@
 """Every private torch name fmesh uses for DeviceMesh, gated where torch changed.
 
-The DeviceMesh half of the compat package ``fmesh._c10d`` (process groups and DTensor
-are in its ``__init__.py``): the rest of the package calls these small typed functions,
-and ``tests/test_static.py`` fails if a private torch name appears outside the package.
-
-What changed across torch 2.11-2.15, and where it matters:
-
-* ``DeviceMesh._layout`` is a pycute layout with nested modes on 2.11 and a tuple of
-  ``_FlatLayout`` axes from 2.13 on; flattened layouts normalize differently.
-* ``DeviceMesh.__init__`` sets ``_hash`` from 2.13 on and ``_preserve_rank_order``
-  from 2.15 on; fmesh assembles exactly the fields the installed torch sets.
+The DeviceMesh part of the compat package; what changed across torch 2.11-2.15:
+``docs/design/device-mesh-internals.md``.
 """
 
 from __future__ import annotations

@@ -1,42 +1,8 @@
-"""Agreement among the ranks of a realize call that creates groups: ranks that
-disagree, stall, die or skip a call get a :class:`~fmesh.MeshMismatchError`, never a
-hang, and a call that agrees costs each rank about as much of the store as torch's own
-``_store_based_barrier`` does.
+"""Agreement among the ranks of a realize call that creates groups.
 
-API (``store`` is any ``torch.distributed.Store``, in practice the default group's)::
-
-    agree(store, *, rank, ranks, code, record, timeout, prefix, where) -> Ticket
-        Publish this rank's call and wait until every rank of ``ranks`` published the
-        same ``code``, or raise.
-    abort(ticket, message) / failures(ticket, wait=0.0)
-        After agreement (group creation failed here): tell the others why / read why
-        they gave up.
-    thread_store(store), new_connection(store), count_keys(store)
-
-Protocol for one call, keys under ``prefix`` (``P``), ``n = len(ranks)``. Each rank
-maps its ``code`` to an odd weight ``w`` with ``n * w < 2**58``:
-
-1. ``s = add(P+"n", w)``. The running sum of the weights is the call's decision
-   register: the rank that reads exactly ``n * w`` is the last of ``n`` ranks that all
-   published the same weight, so the call succeeded. It adds 1 to ``P+"done"`` (which
-   wakes the others) and deletes ``P+"n"``.
-2. Any other rank whose ``s`` is a multiple of ``w`` waits on ``P+"done"``, then adds 1
-   to it (the rank that brings it to ``n`` deletes it): 3 requests per rank, 4 for the
-   last reader, as torch's barrier (add, add, wait; set for the last).
-3. ``s`` not a multiple of ``w``: an earlier rank published another weight. This rank
-   records itself in ``P+"mm"`` (first wins) and adds ``ABORT`` to ``P+"done"``: every
-   waiter wakes, sees a value above ``ABORT``, reads the record, and the ranks on the
-   other side publish theirs in ``P+"other"``, so every rank names both sides.
-4. A waiter that times out runs for coordinator (``compare_set(P+"to")``); the winner
-   adds ``POISON`` to ``P+"n"``. The sum it reads back decides, atomically with the
-   last arrival: the call had completed (carry on), or it is aborted and the sum says
-   how many ranks arrived. The coordinator wakes them (``ABORT``); each appends its rank
-   to ``P+"who"``; the coordinator alone reads that list once (O(world) bytes in
-   total), names the missing ranks in ``P+"verdict"``, and every rank raises with it.
-   A rank arriving after the poison raises at once with the same verdict.
-
-A failed call's keys are removed by the last of its ranks to give up; a successful
-call leaves none.
+Ranks that disagree, stall, die or skip a call get a :class:`~fmesh.MeshMismatchError`,
+never a hang; a call that agrees costs each rank about as much of the store as torch's
+own barrier. The protocol: ``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations
@@ -49,7 +15,7 @@ from typing import TYPE_CHECKING, cast
 from .._core.errors import MeshMismatchError
 from . import agreement_records as _disagree
 from .agreement_records import POISON, Record, Ticket, append, read_done, wait_get
-from .memo import on_reset
+from .hooks import on_reset
 
 if TYPE_CHECKING:
     from .._compat import Store

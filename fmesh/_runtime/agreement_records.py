@@ -1,9 +1,8 @@
-"""What ranks do when a call of the agreement (``_agree.py``) does not simply
-succeed: a rank whose weight differs (a mismatch), a wait that times out (the census of
-who arrived), a rank that arrives after the call was aborted. Also the values both
-modules share (:class:`Ticket`, :class:`Record`) and the last reader's cleanup.
+"""The agreement's shared records and store helpers, and what ranks do when a call
+does not simply succeed (a mismatch, a timeout's census, a late rank).
 
-Every function takes the connection of the calling thread and the call's ticket.
+Used by ``agreement.py`` and ``recover.py``; every function takes the calling thread's
+connection and the call's ticket.
 """
 
 from __future__ import annotations

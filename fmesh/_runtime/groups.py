@@ -1,21 +1,8 @@
 """Creating the process groups of one realize call, axis by axis, for this rank only.
 
-* One process-wide memo (``_memo.py``), keyed by the axis (canonical layout, index
-  space, rank map, backend, options), holds the group this rank got; a second level
-  keyed by the group itself (its ranks in coordinate order, backend, options) means the
-  same group reached from any mesh is created once.
-* Group rank == coordinate: groups are created with their ranks in coordinate order
-  (never sorted).
-* With an eagerly initialized NCCL world (a bound device), NCCL axes whose groups are
-  ascending are made with ``split_group`` (one collective per axis over the world);
-  other NCCL axes go through torch's split-from-world constructor, keeping rank order.
-* Otherwise only members take part, in mesh axis order, so overlapping creations
-  cannot deadlock. Group names are derived from the group itself, not from how many
-  groups a process happens to hold, so members agree.
-* Size-1 axes get a one-member gloo (or fake) group, no NCCL communicator, unless a
-  per-axis backend names one explicitly.
-
-Nothing here holds the process lock while waiting on peers.
+Each group is created once per process, with its ranks in coordinate order; how NCCL,
+gloo and size-1 axes are made: ``docs/design/agreement-protocol.md``. Nothing here
+holds the process lock while waiting on peers.
 """
 
 from __future__ import annotations

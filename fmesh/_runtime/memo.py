@@ -19,6 +19,7 @@ import attrs
 
 from .._core.mesh import Mesh
 from .._core.rank_map import rank_map_info
+from .hooks import run_loss_hooks, run_reset_hooks
 from .stream import Stream
 
 if TYPE_CHECKING:
@@ -31,8 +32,6 @@ __all__ = [
     "cache_stats",
     "destroy",
     "digest",
-    "on_loss",
-    "on_reset",
     "rank_map_key",
     "state",
     "world_key",
@@ -71,24 +70,6 @@ class CacheStats:
     """Group requests answered from the memo instead of creating a group."""
     live: int
     """Groups fmesh holds now."""
-
-
-_reset_hooks: list[Callable[[], None]] = []
-_loss_hooks: list[Callable[[], None]] = []
-
-
-def on_reset(hook: Callable[[], None]) -> None:
-    """Call ``hook`` (under the memo lock) whenever the memo is reset: by
-    :func:`destroy`, or when the default process group changes. Modules that keep
-    per-group state of their own (the DeviceMesh interop) register here, so this
-    module never imports them."""
-    _reset_hooks.append(hook)
-
-
-def on_loss(hook: Callable[[], None]) -> None:
-    """Call ``hook`` (under the memo lock) after :func:`fmesh.recover` declared ranks
-    lost: state built on groups that may hold them must go."""
-    _loss_hooks.append(hook)
 
 
 @attrs.define
@@ -130,8 +111,7 @@ class State:
         self.created_pgs.clear()
         self.options_ids.clear()
         self.generation += 1
-        for hook in _reset_hooks:
-            hook()
+        run_reset_hooks()
 
     def forget_lost(self, lost: frozenset[int], world: int) -> None:
         """After a recovery (``lost`` may be empty): never hand out a group that holds
@@ -146,8 +126,7 @@ class State:
         gone = [key for key in self.group_memo if not self.lost.isdisjoint(key[0])]
         self.retired.update((key, self.group_memo[key]) for key in gone)
         self.drop_groups(gone)
-        for hook in _loss_hooks:
-            hook()
+        run_loss_hooks()
 
     def drop_groups(self, keys: list[GroupKey]) -> None:
         """Never hand out these groups again. Kept: the other groups among survivors.

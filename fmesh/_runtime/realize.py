@@ -1,16 +1,8 @@
 """realize: the one side-effecting step, from a Mesh value to process groups.
 
-A call is a *hit* when it creates nothing: every axis (with its backend and options)
-was realized before in the calling thread's stream (``_stream.py``), or is served by
-the default group. A hit is a dictionary lookup: no store request, no peer. A call
-that creates groups first *agrees* with every rank (``_agree.py``), carrying a hash of
-the hits made since the last agreement, so a divergence hidden among hits surfaces at
-the next creating call; then ``_groups.py`` creates this rank's groups.
-
-Debug mode (torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` or ``realize(..., check=True)``)
-makes every call, hits included, a blocking agreement.
-
-Nothing here holds the process lock while waiting on peers.
+A call that creates nothing is a dictionary lookup; one that creates groups first
+agrees with every rank (``agreement.py``), then ``groups.py`` creates this rank's
+groups. Details: ``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations
@@ -32,9 +24,9 @@ from .._core.errors import MeshError
 from .._core.mesh import Mesh
 from .._core.queries import coordinate, index_of
 from .._core.rank_map import rank_map_info
-from .._torch.interop import note_realized
 from . import agreement as _agree
 from .groups import AxisRequest, World, axis_group
+from .hooks import run_realized_hooks
 from .launch import check_backend, check_timeout, ensure_default_group
 from .memo import rank_map_key, state
 from .realized_mesh import RealizedMesh
@@ -313,7 +305,7 @@ def _realize(
                 stream.calls[key] = (hit_value, code, summary)
             if not agrees:
                 stream.hit(code, summary)
-    note_realized(mesh, groups)
+    run_realized_hooks(mesh, groups)
     logger.info(
         "fmesh.realize %r on rank %d: %d groups created, %d from memo, %.1f ms",
         mesh,

@@ -10,7 +10,7 @@ import attrs
 from .._core.axes import axis_position
 from .._core.errors import MeshError
 from .._core.mesh import Mesh
-from .._torch.interop import to_device_mesh
+from .hooks import to_device_mesh
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

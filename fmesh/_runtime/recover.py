@@ -1,27 +1,6 @@
 """recover: after a communication failure, the surviving ranks agree on who is lost.
 
-Protocol, keys under ``fmesh/r/<epoch>/`` (``P``; the epoch counts recoveries, so it is
-the same on every survivor). Each survivor's *view* is the set of ranks lost before;
-its weight is that of the view (``_agree.weight``), and ``expected`` the ranks not lost
-before:
-
-1. It appends its rank to ``P+"who"`` and adds its weight to ``P+"n"``. The survivor
-   whose add completes ``len(expected) * weight`` (every expected rank checked in, all
-   with the same view) sets ``P+"all"``. A sum that is no multiple of its weight means
-   another survivor has another view: it records a mismatch verdict and sets ``all``.
-2. It waits for ``all`` up to ``timeout``. On time out, the first survivor to claim
-   ``P+"coord"`` reads ``who`` once and proposes the ranks that did not check in; the
-   others wait for that (and propose themselves if the coordinator died meanwhile).
-3. ``compare_set(P+"verdict", "", proposal)``: the first proposal is the verdict every
-   survivor returns (a rank it declares lost raises instead). Whoever decided by
-   timing out sets ``all``, so survivors that checked in later stop waiting at once.
-4. Each survivor of the verdict adds 1 to ``P+"read"``; the last removes the keys but
-   ``all`` and ``verdict`` (a survivor later than the timeout still reads that it was
-   declared lost), and those two of the previous recovery.
-
-Afterwards fmesh agrees among the survivors only, under a new key generation, never
-hands out a group that holds a lost rank, and keeps the groups among survivors
-(``State.forget_lost``).
+The protocol (keys under ``fmesh/r/<epoch>/``): ``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Per-stream bookkeeping of realize calls: what makes a call a memo hit, how calls
 are numbered, and the running hash of the calls since the last agreement.
 
-A *stream* is the name of the calling thread. Calls are matched across ranks stream
-by stream: the k-th agreed call of the thread named T on one rank meets the k-th
-agreed call of the thread named T on every other rank. Whether a call is a hit is
-decided per stream too (every axis was realized before *in this stream*, or is served
-by the default group), so it depends only on the stream's own calls, never on how
-threads happen to interleave on one rank: a hit on one rank is a hit on every rank
-that made the same calls.
-
-Pure Python; the caller holds the memo lock around every method.
+A stream is the calling thread's name; calls are matched across ranks stream by
+stream. Pure Python; the caller holds the memo lock around every method.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """torch's ``init_device_mesh`` built on fmesh (public as ``fmesh.device_mesh``).
 
-The function takes torch's arguments and returns a torch ``DeviceMesh`` that behaves
-as the one torch would build (names or none, slicing, ``_flatten``, ``get_group``,
-coordinates, DTensor, FSDP2, tensor parallel, DCP). Underneath it is
-``make_mesh`` -> ``realize`` -> ``to_device_mesh``: each rank creates only the groups
-that contain it, every group is created once per process whichever mesh asks for it,
-ranks that disagree about the mesh get an error instead of a hang, and a repeated
-call with the same arguments is a memo hit.
+``make_mesh`` -> ``realize`` -> ``to_device_mesh``, with torch's arguments and a
+DeviceMesh that behaves as torch's: ``docs/design/device-mesh-internals.md``.
 """
 
 from __future__ import annotations

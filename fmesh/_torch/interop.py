@@ -1,32 +1,8 @@
 """fmesh meshes as torch ``DeviceMesh`` objects, and back.
 
-A DeviceMesh torch builds itself is a view over one *root* mesh that spans the whole
-world: slices, ``_flatten``, ``_unflatten`` and ``_concatenate`` all index the root's
-rank map, and ``_flatten`` stores what it makes on the root. So the DeviceMesh fmesh
-hands over has such a root too:
-
-* a mesh with one instance (it covers its whole rank space) is its own root;
-* a mesh with several instances (a slice) hangs off a root that has its axes plus the
-  rest of the rank space: a DeviceMesh already converted from an fmesh mesh that has
-  all of its axes, or else one made up of its axes and one dimension per remaining
-  mode (named ``_rest0``, ``_rest1``, ... and ordered by stride, so the root of a slice
-  of a row-major mesh has the row-major root's layout).
-
-Every dimension's group is fmesh's memoized group. An axis fmesh realized over the
-same rank space is registered in a root's flatten mapping, where torch's ``_flatten``
-looks before it creates groups, when it *is* a flatten of that root: its layout is
-what flattening two or more of the root's dims (in some order) gives, as torch's
-``_flatten`` would compute it. So ``root["dp_cp"]`` works where torch's root would
-have it after ``root["dp", "cp"]._flatten()``, and never for the dims of another root
-(``root["x"]`` raises KeyError as on torch). Only in rank spaces that cover the whole
-world: over part of it, the ranks outside a mesh do not know its axes, so they could
-not skip the creations members skip. The axes ``fmesh.device_mesh.init_device_mesh``
-realizes are the dims of torch roots, never flattens of other roots.
-
-Building a DeviceMesh costs O(world) once per root (torch keeps an O(world) rank
-map, shared by the slices under it); fmesh fills in the coordinates itself, so a
-slice costs O(number of axes) past its root. Memoized per mesh, device type and
-naming (``init_device_mesh`` without names hands out unnamed DeviceMeshes).
+A DeviceMesh fmesh hands over hangs off a root spanning the whole world, as torch's
+own do, with fmesh's memoized groups; how roots, slices and flattens are built:
+``docs/design/device-mesh-internals.md``.
 """
 
 from __future__ import annotations
@@ -51,8 +27,9 @@ from .._core.layout import Layout, complement_modes, row_major
 from .._core.mesh import Mesh
 from .._core.queries import coordinate as coordinate_of
 from .._core.queries import instances
+from .._runtime.hooks import on_loss, on_realized, on_reset, provide_device_mesh
 from .._runtime.launch import check_device_type
-from .._runtime.memo import WorldKey, on_loss, on_reset, world_key
+from .._runtime.memo import WorldKey, world_key
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -398,3 +375,8 @@ def from_device_mesh(device_mesh: DeviceMesh) -> Mesh:
         # A rank map longer than the layout's span (torch allows it): keep what the
         # layout reaches, as its own rank space.
         return Mesh.from_ranks(device_mesh.mesh.cpu().numpy(), tuple(names))
+
+
+# The runtime calls these through its hooks; it never imports this module.
+on_realized(note_realized)
+provide_device_mesh(to_device_mesh)
