@@ -113,7 +113,8 @@ def _private_torch_uses(path: Path) -> list[str]:
 
 
 COMPAT = ROOT / "fmesh" / "_compat"
-"""The compat package: process groups (``c10d.py``), DTensor, DeviceMesh (``mesh.py``)."""
+"""The compat package: process groups (``c10d.py``), DTensor (``dtensor.py``) and
+DeviceMesh (``mesh.py``); its ``__init__.py`` only re-exports."""
 
 
 def test_private_torch_names_live_only_in_the_compat_package() -> None:
@@ -124,9 +125,10 @@ def test_private_torch_names_live_only_in_the_compat_package() -> None:
         for use in _private_torch_uses(path)
     ]
     assert offenders == []
-    # The checker itself finds what the compat package uses.
+    # The checker itself finds what the compat package's modules use.
     for path in sorted(COMPAT.glob("*.py")):
-        assert len(_private_torch_uses(path)) > 5, path.name
+        if path.name != "__init__.py":
+            assert len(_private_torch_uses(path)) >= 3, path.name
 
 
 # -- the shape of the package ---------------------------------------------------------------

@@ -1,41 +1,38 @@
 """The compat package: every private torch name fmesh uses, gated where torch changed.
-This module holds those for process groups and DTensor; ``mesh.py`` those for
-DeviceMesh.
 
-fmesh supports torch 2.11 through 2.15. Everything here reaches into torch internals
-(names that start with an underscore, or attributes torch does not document); the
-rest of the package calls these small typed functions and torch's public API only,
-and ``tests/test_static.py`` fails if a private torch name appears anywhere outside this
-package.
-
-What changed across the range, and where it matters:
-
-* ``_new_process_group_helper`` returns ``ProcessGroup | Literal[-100]`` (2.14) or a
-  ``_NonGroupMember`` (2.15) for non-members instead of ``None`` (2.11-2.13).
-* ``split_group`` takes ``backend=`` from 2.13 on; 2.15 returns a non-member sentinel.
-* ``shrink_group`` (NCCL communicator shrink) is used where it exists and the
-  group's backend says it supports shrinking.
+fmesh supports torch 2.11 through 2.15. The rest of the package calls these small typed
+functions and torch's public API only; ``tests/test_static.py`` fails if a private torch
+name appears outside this package. ``c10d.py``: process groups and stores;
+``dtensor.py``: DTensor placements; ``mesh.py``: DeviceMesh.
 """
 
-from __future__ import annotations
+from typing import TYPE_CHECKING
 
-import datetime
-import functools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from .c10d import backend_options_type as backend_options_type
+from .c10d import debug_detail as debug_detail
+from .c10d import default_store as default_store
+from .c10d import default_timeout as default_timeout
+from .c10d import fake_store as fake_store
+from .c10d import init_fake_world as init_fake_world
+from .c10d import is_live as is_live
+from .c10d import memory_store as memory_store
+from .c10d import new_named_group as new_named_group
+from .c10d import shrink_from as shrink_from
+from .c10d import split_from_world as split_from_world
+from .c10d import torch_version as torch_version
+from .dtensor import explicit_shard_order as explicit_shard_order
+from .dtensor import strided_shard as strided_shard
+from .dtensor import strided_shard_parts as strided_shard_parts
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Backend as _C10dBackend
-    from torch._C._distributed_c10d import Store
-    from torch.distributed import ProcessGroup
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.placement_types import Placement
+    from .c10d import BackendOptions as BackendOptions
+    from .c10d import Store as Store
 
 __all__ = [
     "BackendOptions",
+    "Store",
     "backend_options_type",
     "debug_detail",
-    "Store",
     "default_store",
     "default_timeout",
     "explicit_shard_order",
@@ -50,213 +47,3 @@ __all__ = [
     "strided_shard_parts",
     "torch_version",
 ]
-
-if TYPE_CHECKING:
-    BackendOptions = _C10dBackend.Options
-    """Options for a c10d backend (e.g. ``ProcessGroupNCCL.Options``)."""
-
-
-@functools.cache
-def torch_version() -> tuple[int, int]:
-    """(major, minor) of the installed torch."""
-    import torch
-
-    major, minor = torch.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
-# -- c10d -------------------------------------------------------------------------------
-
-
-def backend_options_type() -> type:
-    """torch's class of backend options (``ProcessGroupNCCL.Options`` derives from it)."""
-    from torch._C._distributed_c10d import Backend
-
-    return Backend.Options
-
-
-def default_store() -> Store:
-    """The default group's store (where torch's own rendezvous keys live)."""
-    from torch.distributed import distributed_c10d as c10d
-
-    return c10d._get_default_store()
-
-
-def memory_store() -> Store:
-    """A new in-process store (torch's ``HashStore``): rendezvous with nobody else."""
-    from torch._C._distributed_c10d import HashStore
-
-    return HashStore()
-
-
-def default_timeout(backend: str) -> datetime.timedelta:
-    """torch's default creation/collective timeout for ``backend``."""
-    from torch.distributed import Backend
-    from torch.distributed import distributed_c10d as c10d
-
-    return c10d._get_default_timeout(Backend(backend))
-
-
-def debug_detail() -> bool:
-    """torch's own debug switch is at DETAIL (``TORCH_DISTRIBUTED_DEBUG=DETAIL``)."""
-    from torch._C._distributed_c10d import DebugLevel, get_debug_level
-
-    return bool(get_debug_level() == DebugLevel.DETAIL)
-
-
-def is_live(pg: ProcessGroup) -> bool:
-    """Whether torch still holds ``pg`` (not destroyed)."""
-    from torch.distributed import distributed_c10d as c10d
-
-    return pg in c10d._world.pg_map
-
-
-def _member_or_none(pg: object) -> ProcessGroup | None:
-    from torch.distributed import ProcessGroup
-
-    return pg if isinstance(pg, ProcessGroup) else None
-
-
-def new_named_group(
-    ranks: Sequence[int],
-    me: int,
-    backend: str,
-    options: object,
-    timeout: datetime.timedelta,
-    name: str,
-    desc: str,
-    store: Store | None,
-) -> ProcessGroup | None:
-    """Create one group, ranks in the order given (never sorted), under our name.
-
-    torch's own local-synchronization names hash the number of groups a process
-    already holds, which differs between ranks of different meshes and would split the
-    rendezvous; so fmesh names groups itself through torch's group constructor.
-    Non-members get ``None``. ``store`` defaults to the default group's store.
-    """
-    from torch.distributed import Backend, group
-    from torch.distributed import distributed_c10d as c10d
-
-    world = group.WORLD
-    assert world is not None  # realize initialized it
-    pg, _ = c10d._new_process_group_helper(
-        len(ranks),
-        ranks.index(me) if me in ranks else -1,
-        list(ranks),
-        Backend(backend),
-        store if store is not None else c10d._get_default_store(),
-        group_name=c10d.GroupName(name),
-        backend_options=options,
-        timeout=timeout,
-        group_desc=desc,
-        device_id=world.bound_device_id,
-    )
-    member = _member_or_none(pg)
-    if member is None or me not in ranks:
-        return None
-    # Keep coordinate order: torch reads group ranks from this table.
-    c10d._world.pg_group_ranks[member] = {g: i for i, g in enumerate(ranks)}
-    return member
-
-
-def split_from_world(
-    ranks: Sequence[int],
-    backend: str,
-    options: object,
-    timeout: datetime.timedelta | None,
-    desc: str,
-) -> ProcessGroup | None:
-    """``split_group`` of the eagerly initialized world (sorts ranks; collective).
-
-    torch 2.11's ``split_group`` takes no ``backend``: the new group splits the world's
-    NCCL communicator and keeps the world's backends.
-    """
-    import torch.distributed as dist
-
-    kwargs: dict[str, Any] = {}
-    if torch_version() >= (2, 13):
-        kwargs["backend"] = backend
-    pg = dist.split_group(
-        split_ranks=[list(ranks)],
-        timeout=timeout,
-        pg_options=cast(Any, options),
-        group_desc=desc,
-        **kwargs,
-    )
-    return _member_or_none(pg)
-
-
-def shrink_from(parent: ProcessGroup, exclude: Sequence[int]) -> ProcessGroup | None:
-    """``shrink_group`` of ``parent`` without its group ranks ``exclude`` (NCCL's
-    communicator shrink: no new rendezvous), or ``None`` where torch or the backend
-    cannot shrink it. The remaining ranks keep their order."""
-    import torch
-    import torch.distributed as dist
-
-    shrink = getattr(dist, "shrink_group", None)
-    if shrink is None:
-        return None
-    try:
-        device = parent.bound_device_id or torch.device("cuda")
-        backend: Any = parent._get_backend(device)
-        if not getattr(backend, "supports_shrinking", False):  # not in every version
-            return None
-    except (RuntimeError, AttributeError):
-        return None
-    return _member_or_none(shrink(list(exclude), group=parent))
-
-
-def fake_store() -> Store:
-    """A store for torch's ``fake`` backend (one process plays one rank).
-
-    Importing torch's fake_pg module registers the ``fake`` backend.
-    """
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    return FakeStore()
-
-
-def init_fake_world(rank: int, world: int) -> None:
-    """Initialize the default process group on torch's ``fake`` backend."""
-    import torch.distributed as dist
-
-    dist.init_process_group("fake", store=fake_store(), rank=rank, world_size=world)
-
-
-# -- DTensor ----------------------------------------------------------------------------
-# ``_StridedShard`` and ``DTensorSpec.shard_order`` are the same on torch 2.11-2.15.
-
-
-def strided_shard(dim: int, split_factor: int) -> Placement:
-    """DTensor's ``_StridedShard(dim, split_factor=split_factor)``."""
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    return _StridedShard(dim, split_factor=split_factor)
-
-
-def strided_shard_parts(placement: Placement) -> tuple[int, int] | None:
-    """``(dim, split_factor)`` of a ``_StridedShard``; ``None`` for any other placement."""
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    if not isinstance(placement, _StridedShard):
-        return None
-    return int(placement.dim), int(placement.split_factor)
-
-
-def explicit_shard_order(dtensor: DTensor) -> tuple[tuple[int, tuple[int, ...]], ...] | None:
-    """The DTensor's shard order when its spec carries one that its placements do not
-    show: plain ``Shard`` placements applied in a non-ascending mesh-dim order.
-
-    ``None`` when the order is the default (ascending mesh dims per tensor dim) or is
-    encoded by ``_StridedShard`` placements. ``DTensorSpec.shard_order`` and
-    ``use_strided_shard_as_shard_order`` exist on torch 2.11 through 2.15.
-    """
-    spec = dtensor._spec
-    if spec.use_strided_shard_as_shard_order or spec.shard_order is None:
-        return None
-    order = tuple(
-        (int(e.tensor_dim), tuple(int(m) for m in e.mesh_dims)) for e in spec.shard_order
-    )
-    if all(list(mesh_dims) == sorted(mesh_dims) for _, mesh_dims in order):
-        return None
-    return order
