@@ -34,10 +34,10 @@ from ._core.queries import instances as instances
 from ._core.queries import rank_at as rank_at
 from ._core.views import same_groups as same_groups
 from ._core.views import same_ranks as same_ranks
+from ._runtime.cache import CacheStats as CacheStats
+from ._runtime.cache import cache_stats as cache_stats
+from ._runtime.cache import destroy as destroy
 from ._runtime.launch import init_fake_world as init_fake_world
-from ._runtime.memo import CacheStats as CacheStats
-from ._runtime.memo import cache_stats as cache_stats
-from ._runtime.memo import destroy as destroy
 from ._runtime.realize import realize as realize
 from ._runtime.realized_mesh import RealizedMesh as RealizedMesh
 from ._runtime.recover import recover as recover

@@ -261,8 +261,8 @@ def test_layers_import_one_way() -> None:
     assert set(LAYERS) == {
         p.name for p in (ROOT / "fmesh").iterdir() if (p / "__init__.py").exists()
     }
-    # The checker sees lazy imports (memo's destroy) and TYPE_CHECKING ones (realize).
-    assert "_compat" in _package_imports(ROOT / "fmesh/_runtime/memo.py")
+    # The checker sees lazy imports (destroy) and TYPE_CHECKING ones (realize).
+    assert "_compat" in _package_imports(ROOT / "fmesh/_runtime/cache.py")
     assert "_compat" in _package_imports(ROOT / "fmesh/_runtime/realize.py")
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from .._compat import init_fake_world
 from .._core.mesh import Mesh
 from .._core.queries import coordinate
-from .._runtime.memo import cache_stats, destroy
+from .._runtime.cache import cache_stats, destroy
 from .._runtime.realize import realize
 from .describe import (
     ShownAxis,

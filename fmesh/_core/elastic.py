@@ -26,7 +26,7 @@ import numpy.typing as npt
 from .axes import axis_position
 from .errors import MeshError
 from .layout import Layout, Mode, complement_modes
-from .mesh import Mesh
+from .mesh import Mesh, require_mesh
 from .queries import coordinate, index_of
 from .rank_map import rank_map_info
 
@@ -47,12 +47,6 @@ def _covers(mesh: Mesh) -> str:
     if mesh.rank_map is None:
         return f"ranks 0..{mesh.index_size - 1}"
     return f"the {mesh.index_size} ranks in its rank_map"
-
-
-def _require_mesh(mesh: object, fn: str) -> Mesh:
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"{fn}() needs an fmesh.Mesh, got {type(mesh).__name__}")
-    return mesh
 
 
 def _rank(value: object, fn: str, what: str) -> int:
@@ -156,7 +150,7 @@ def shrink(mesh: Mesh, lost: Iterable[int], *, axis: str) -> Mesh:
     >>> group(m, "dp", 7)
     (1, 7)
     """
-    _require_mesh(mesh, "shrink")
+    require_mesh(mesh, "shrink")
     pos = axis_position(mesh, axis, "shrink")
     ranks = _lost_ranks(lost)
     if not ranks:
@@ -233,7 +227,7 @@ def replace(mesh: Mesh, spares: Mapping[int, int]) -> Mesh:
     >>> group(m, "dp", 8)
     (8, 3)
     """
-    _require_mesh(mesh, "replace")
+    require_mesh(mesh, "replace")
     if not isinstance(spares, Mapping):
         raise TypeError(
             f"replace() takes a mapping old rank -> spare rank, got {spares!r}; "

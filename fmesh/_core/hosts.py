@@ -21,7 +21,7 @@ import numpy.typing as npt
 from .axes import check_size, names_tuple
 from .errors import AxisNotFoundError, MeshError
 from .layout import Layout
-from .mesh import Mesh
+from .mesh import Mesh, require_mesh
 from .rank_map import rank_map_info
 
 __all__ = [
@@ -199,8 +199,7 @@ def host_report(mesh: Mesh, ranks_per_host: int) -> HostReport:
     >>> report.cross_host_axes, report["tp"].placement, report.hosts
     (('dp',), 'intra-host', 4)
     """
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"host_report() needs an fmesh.Mesh, got {type(mesh).__name__}")
+    require_mesh(mesh, "host_report")
     host = _check_ranks_per_host(ranks_per_host, "host_report")
     axes = []
     for pos, (name, layout) in enumerate(zip(mesh.axis_names, mesh.axes, strict=True)):

@@ -22,6 +22,7 @@ from typing import final
 
 import attrs
 
+from .checks import is_int
 from .errors import MeshError, UnrepresentableSplitError
 
 __all__ = ["Layout"]
@@ -29,12 +30,8 @@ __all__ = ["Layout"]
 Mode = tuple[int, int]  # (size, stride)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _int_tuple(name: str, value: object) -> tuple[int, ...]:
-    if not isinstance(value, tuple) or not all(_is_int(v) for v in value):
+    if not isinstance(value, tuple) or not all(is_int(v) for v in value):
         raise TypeError(f"Layout.{name} must be a tuple of int, got {value!r}")
     return value
 

@@ -368,3 +368,11 @@ def make_mesh(
             )
         rank_map = flat
     return Mesh(names, row_major(sizes), size, rank_map)
+
+
+def require_mesh(mesh: object, fn: str, arg: str = "") -> Mesh:
+    """``mesh`` if it is an :class:`Mesh`; the TypeError names ``fn()`` (and ``arg``)."""
+    if not isinstance(mesh, Mesh):
+        where = f" as {arg}" if arg else ""
+        raise TypeError(f"{fn}() needs an fmesh.Mesh{where}, got {type(mesh).__name__}")
+    return mesh

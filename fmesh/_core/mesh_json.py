@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from .checks import is_int
 from .errors import MeshError
 from .layout import Layout
 
@@ -48,7 +49,7 @@ def _json_payload(text: str) -> dict[str, object]:
     if _VERSION_KEY not in payload:
         raise _bad_json(f"the object has no {_VERSION_KEY!r} version field")
     version = payload[_VERSION_KEY]
-    if not _is_int(version) or version != JSON_VERSION:
+    if not is_int(version) or version != JSON_VERSION:
         raise MeshError(
             f"Mesh.from_json(): schema version {version!r} is not supported; this "
             f"fmesh reads version {JSON_VERSION} (write the text with the same or an "
@@ -68,12 +69,8 @@ def _check_fields(obj: dict[str, object], fields: tuple[str, ...], where: str) -
         raise _bad_json(f"{where} {' and '.join(parts)}; its fields are {list(fields)}")
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _int_list(value: object, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(_is_int(v) for v in value):
+    if not isinstance(value, list) or not all(is_int(v) for v in value):
         raise _bad_json(f"{where} is {value!r}, not a list of integers")
     return tuple(value)
 

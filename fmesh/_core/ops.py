@@ -14,22 +14,15 @@ import attrs
 from .axes import axis_position, check_names, check_size
 from .errors import MeshError, UnrepresentableSplitError
 from .layout import Layout
-from .mesh import Mesh, select_axes
+from .mesh import Mesh, require_mesh, select_axes
 
 __all__ = [
     "axis_position",
     "flatten",
     "rename",
-    "require_mesh",
     "slice",
     "unflatten",
 ]
-
-
-def require_mesh(mesh: object, fn: str) -> Mesh:
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"{fn}() needs an fmesh.Mesh, got {type(mesh).__name__}")
-    return mesh
 
 
 def _evolve(mesh: Mesh, names: tuple[str, ...], axes: tuple[Layout, ...]) -> Mesh:

@@ -15,8 +15,7 @@ import numpy.typing as npt
 from .axes import axis_position
 from .errors import MeshError
 from .layout import Layout, complement_modes
-from .mesh import Mesh
-from .ops import require_mesh
+from .mesh import Mesh, require_mesh
 from .rank_map import rank_map_info
 
 __all__ = [

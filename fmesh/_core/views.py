@@ -15,16 +15,10 @@ import numpy.typing as npt
 
 from .axes import axis_position
 from .layout import Layout
-from .mesh import Mesh
+from .mesh import Mesh, require_mesh
 from .rank_map import rank_map_info
 
 __all__ = ["same_groups", "same_ranks"]
-
-
-def _require_mesh(mesh: object, fn: str, arg: str) -> Mesh:
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"{fn}() needs an fmesh.Mesh as {arg}, got {type(mesh).__name__}")
-    return mesh
 
 
 def _same_rank_map(a: Mesh, b: Mesh) -> bool:
@@ -66,8 +60,8 @@ def same_ranks(a: Mesh, b: Mesh) -> bool:
     >>> same_ranks(dense, make_mesh({"dp": 2, "tp": 2}))
     False
     """
-    _require_mesh(a, "same_ranks", "a")
-    _require_mesh(b, "same_ranks", "b")
+    require_mesh(a, "same_ranks", "a")
+    require_mesh(b, "same_ranks", "b")
     return _covers_same(a, b)
 
 
@@ -127,8 +121,8 @@ def same_groups(a: Mesh, axis_a: str, b: Mesh, axis_b: str, *, ordered: bool = T
     >>> same_groups(dense, "tp", expert, "etp"), same_groups(dense, "dp", expert, "etp")
     (True, False)
     """
-    _require_mesh(a, "same_groups", "a")
-    _require_mesh(b, "same_groups", "b")
+    require_mesh(a, "same_groups", "a")
+    require_mesh(b, "same_groups", "b")
     pa = axis_position(a, axis_a, "same_groups")
     pb = axis_position(b, axis_b, "same_groups")
     la, lb = a.axes[pa], b.axes[pb]

@@ -21,7 +21,8 @@ from .._core.mesh import Mesh
 from .._core.queries import group, rank_of
 from .._core.rank_map import rank_map_info
 from . import agreement as _agree
-from .memo import GroupKey, digest, rank_map_key, state
+from .memo import GroupKey, rank_map_key, state
+from .stream import digest
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -206,10 +207,10 @@ def _shrunk(key: GroupKey) -> ProcessGroup | None:
     if "nccl" not in backend:
         return None
     with state.lock:
-        lost = state.lost
+        lost = state.loss.lost
         found = [
             (old, pg)
-            for old, pg in state.retired.items()
+            for old, pg in state.loss.retired.items()
             if old[1:] == (backend, options_id)
             and tuple(r for r in old[0] if r not in lost) == members
         ]

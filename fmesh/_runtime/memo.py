@@ -9,29 +9,26 @@ thread that needs the same group waits for that creation instead of making it tw
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, TypeVar, final
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
 from .._core.mesh import Mesh
 from .._core.rank_map import rank_map_info
 from .hooks import run_loss_hooks, run_reset_hooks
+from .loss import GroupKey, Loss
 from .stream import Stream
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 __all__ = [
-    "CacheStats",
+    "GroupKey",
     "State",
     "WorldKey",
-    "cache_stats",
-    "destroy",
-    "digest",
     "rank_map_key",
     "state",
     "world_key",
@@ -40,15 +37,8 @@ __all__ = [
 logger = logging.getLogger("fmesh")
 
 T = TypeVar("T")
-GroupKey = tuple[tuple[int, ...], str, int]
-"""A group by its members (in coordinate order), backend and options ordinal."""
 WorldKey = tuple[int, str]
 """(index space size, rank-map digest): the rank space a mesh lives in."""
-
-
-def digest(*parts: object) -> str:
-    """A short content hash, equal on every rank for equal inputs."""
-    return hashlib.sha1(repr(parts).encode(), usedforsecurity=False).hexdigest()
 
 
 def rank_map_key(mesh: Mesh) -> str:
@@ -57,19 +47,6 @@ def rank_map_key(mesh: Mesh) -> str:
 
 def world_key(mesh: Mesh) -> WorldKey:
     return (mesh.index_size, rank_map_key(mesh))
-
-
-@final
-@attrs.frozen(slots=True)
-class CacheStats:
-    """Counters of the process-wide group memo."""
-
-    created: int
-    """Process groups fmesh created in this process (since the last destroy)."""
-    reused: int
-    """Group requests answered from the memo instead of creating a group."""
-    live: int
-    """Groups fmesh holds now."""
 
 
 @attrs.define
@@ -90,21 +67,13 @@ class State:
     """Per thread name: numbering, hit history and the calls made (``_stream.py``)."""
     debug: bool = False
     """torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``: every call agrees."""
-    lost: frozenset[int] = frozenset()
-    """World ranks declared lost by :func:`fmesh.recover` (never used again)."""
-    survivors: tuple[int, ...] | None = None
-    """The ranks that agree after a loss, ascending (``None``: the whole world)."""
-    recoveries: int = 0
-    """Recoveries so far: every survivor counts the same."""
-    retired: dict[GroupKey, ProcessGroup] = attrs.field(factory=dict)
-    """Groups that held a lost rank: never handed out, but an NCCL one may be shrunk
-    into a group of its survivors."""
+    loss: Loss = attrs.field(factory=Loss)
+    """Ranks lost so far and the groups retired with them (``loss.py``)."""
     created: int = 0
     reused: int = 0
 
     def reset(self) -> None:
-        self.lost, self.survivors, self.recoveries = frozenset(), None, 0
-        self.retired.clear()
+        self.loss = Loss()
         self.streams.clear()
         self.axis_memo.clear()
         self.group_memo.clear()
@@ -118,13 +87,11 @@ class State:
         a lost rank again; keep the groups among survivors; number agreements anew (a
         new key generation, every stream from 1) among the survivors only. Every
         survivor does this alike."""
-        self.lost = self.lost | lost
-        self.survivors = tuple(r for r in range(world) if r not in self.lost)
-        self.recoveries += 1
+        self.loss.declare(lost, world)
         self.generation += 1
         self.streams.clear()
-        gone = [key for key in self.group_memo if not self.lost.isdisjoint(key[0])]
-        self.retired.update((key, self.group_memo[key]) for key in gone)
+        gone = [key for key in self.group_memo if not self.loss.lost.isdisjoint(key[0])]
+        self.loss.retired.update((key, self.group_memo[key]) for key in gone)
         self.drop_groups(gone)
         run_loss_hooks()
 
@@ -186,37 +153,3 @@ class State:
 
 
 state = State()
-
-
-def cache_stats() -> CacheStats:
-    """Counters of groups created and reused by :func:`realize` in this process.
-
-    >>> from fmesh import cache_stats
-    >>> cache_stats().created >= 0
-    True
-    """
-    with state.lock:
-        return CacheStats(
-            created=state.created, reused=state.reused, live=len(state.created_pgs)
-        )
-
-
-def destroy() -> None:
-    """Destroy every process group fmesh created; a later :func:`realize` works again.
-
-    The default (world) group is left alone, even when fmesh initialized it; tear it
-    down with ``torch.distributed.destroy_process_group()``.
-    """
-    import torch.distributed as dist
-
-    from .._compat import is_live
-
-    with state.lock:
-        pgs = list(state.created_pgs)
-        state.reset()
-        state.created = 0
-        state.reused = 0
-    for pg in pgs:
-        if is_live(pg):
-            dist.destroy_process_group(pg)
-    logger.info("fmesh.destroy: destroyed %d groups", len(pgs))

@@ -21,13 +21,14 @@ import attrs
 from .._compat import debug_detail
 from .._core.axes import axis_position
 from .._core.errors import MeshError
-from .._core.mesh import Mesh
+from .._core.mesh import Mesh, require_mesh
 from .._core.queries import coordinate, index_of
 from .._core.rank_map import rank_map_info
 from . import agreement as _agree
+from .checks import check_backend, check_timeout
 from .groups import AxisRequest, World, axis_group
 from .hooks import run_realized_hooks
-from .launch import check_backend, check_timeout, ensure_default_group
+from .launch import ensure_default_group
 from .memo import rank_map_key, state
 from .realized_mesh import RealizedMesh
 from .stream import Stream, call_code, combine
@@ -105,8 +106,7 @@ def realize(
         MeshError: the mesh needs ranks the world does not have; an unknown backend;
             a non-positive timeout.
     """
-    if type(mesh) is not Mesh:
-        raise TypeError(f"realize() needs an fmesh.Mesh, got {type(mesh).__name__}")
+    require_mesh(mesh, "realize")
     if timeout is not None:
         check_timeout(timeout, "realize")
     stream_name = threading.current_thread().name
@@ -172,7 +172,7 @@ def _world(backend: object) -> World:
             state.reset()
             state.world = world_pg
         state.debug = debug_detail()
-        intact = not state.lost
+        intact = not state.loss.lost
     return World(
         pg=world_pg,
         size=dist.get_world_size(),
@@ -188,7 +188,7 @@ def _agreeing(mesh: Mesh, world: World) -> Sequence[int]:
     """The ranks that agree (the world less lost ranks); a clear error for a mesh
     that holds a lost rank, or for a rank that was declared lost itself."""
     with state.lock:
-        lost, survivors = state.lost, state.survivors
+        lost, survivors = state.loss.lost, state.loss.survivors
     if survivors is None:
         return range(world.size)
     me = world.rank

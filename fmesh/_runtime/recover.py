@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .._core.errors import LaunchError, MeshMismatchError
 from . import agreement as _agree
 from .agreement_records import append, wait_get
-from .launch import check_timeout
+from .checks import check_timeout
 from .memo import state
 from .stream import call_code
 
@@ -81,7 +81,7 @@ def recover(*, timeout: datetime.timedelta) -> frozenset[int]:
         )
     rank, world = dist.get_rank(), dist.get_world_size()
     with state.lock:
-        before, epoch = state.lost, state.recoveries + 1
+        before, epoch = state.loss.lost, state.loss.recoveries + 1
     if rank in before:
         raise MeshMismatchError(
             f"rank {rank} was declared lost by an earlier recovery; it cannot rejoin "

@@ -14,13 +14,21 @@ from typing import Generic, TypeVar
 
 import attrs
 
-__all__ = ["Stream", "call_code", "combine"]
+__all__ = ["Stream", "call_code", "combine", "digest"]
 
 T = TypeVar("T")
 
 _MASK = (1 << 64) - 1
 _RECENT = 3
 """Hits kept per stream for messages (the count is exact)."""
+
+
+def digest(*parts: object) -> str:
+    """A content hash (SHA-1 of the ``repr``), equal on every rank for equal parts.
+
+    ``parts`` must have a rank-independent ``repr`` (no ids, no hash-seeded order).
+    """
+    return hashlib.sha1(repr(parts).encode(), usedforsecurity=False).hexdigest()
 
 
 def call_code(*parts: object) -> int:
@@ -31,8 +39,7 @@ def call_code(*parts: object) -> int:
     >>> call_code("a", (2, 4)) == call_code("a", (2, 4)) != call_code("b", (2, 4))
     True
     """
-    raw = hashlib.sha1(repr(parts).encode(), usedforsecurity=False).digest()
-    return int.from_bytes(raw[:8], "big")
+    return int(digest(*parts)[:16], 16)
 
 
 def combine(history: int, code: int) -> int:

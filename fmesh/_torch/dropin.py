@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._core.errors import DeviceMeshError, MeshError
 from .._core.mesh import Mesh, make_mesh
-from .._runtime.launch import check_device_type, ensure_default_group
+from .._runtime.checks import check_device_type
+from .._runtime.launch import ensure_default_group
 from .._runtime.realize import realize
 from .interop import realizing_torch_roots, to_device_mesh
 

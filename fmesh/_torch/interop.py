@@ -27,8 +27,8 @@ from .._core.layout import Layout, complement_modes, row_major
 from .._core.mesh import Mesh
 from .._core.queries import coordinate as coordinate_of
 from .._core.queries import instances
+from .._runtime.checks import check_device_type
 from .._runtime.hooks import on_loss, on_realized, on_reset, provide_device_mesh
-from .._runtime.launch import check_device_type
 from .._runtime.memo import WorldKey, world_key
 
 if TYPE_CHECKING:
