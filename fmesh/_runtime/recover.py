@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._core.errors import LaunchError, MeshMismatchError
@@ -19,7 +20,7 @@ from .stream import call_code
 if TYPE_CHECKING:
     from .._compat import Store
 
-__all__ = ["KEY_ROOT", "check_in", "recover"]
+__all__ = ["KEY_ROOT", "after_check_in", "check_in", "recover"]
 
 logger = logging.getLogger("fmesh")
 
@@ -143,6 +144,15 @@ def check_in(conn: Store, epoch: int, rank: int, w: int) -> int:
     return conn.add(p + "n", w)
 
 
+_checked_in_hooks: list[Callable[[], None]] = []
+
+
+def after_check_in(hook: Callable[[], None]) -> None:
+    """Call ``hook()`` each time this rank has checked in to a recovery, before it
+    waits for the verdict: the seam where fault tests make a survivor die mid-recover."""
+    _checked_in_hooks.append(hook)
+
+
 def _verdict(
     conn: Store,
     epoch: int,
@@ -156,6 +166,8 @@ def _verdict(
 
     p = f"{KEY_ROOT}{epoch}/"
     s = check_in(conn, epoch, rank, w)
+    for hook in _checked_in_hooks:
+        hook()
     if s % w:
         conn.compare_set(
             p + "verdict",
