@@ -64,7 +64,7 @@ def worker_rank(spec: Json) -> Json:
     import torch.distributed as dist
 
     import fmesh
-    from fmesh._agree import count_keys  # fmesh's agreement keys in a store
+    from fmesh._runtime.agreement import count_keys  # fmesh's agreement keys in a store
 
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])

@@ -10,8 +10,8 @@ each process (see :func:`_prepare_process` for why connecting can stall), and ke
 A phase is ``calls`` creating calls in a row on every simulated rank (fresh keys per
 call, the same mesh code everywhere):
 
-* fmesh: ``fmesh._agree.agree(store, rank=r, ranks=range(N), ...)``, the agreement a
-  realize call that creates groups makes first;
+* fmesh: ``fmesh._runtime.agreement.agree(store, rank=r, ranks=range(N), ...)``, the
+  agreement a realize call that creates groups makes first;
 * torch: ``_store_based_barrier(r, store, name, N, timeout)``, torch's own store
   barrier (what ``init_process_group`` and ``new_group`` run when
   ``TORCH_DIST_INIT_BARRIER=1``; off by default, so torch's recipes in the other
@@ -95,7 +95,9 @@ def serve_store(spec: Json, conn: Connection) -> None:
 def _one_call(
     impl: str, store: CountingStore, rank: int, world: int, tag: str, call: int
 ) -> None:
-    from fmesh import _agree  # the agreement a creating realize call makes
+    from fmesh._runtime import (
+        agreement as _agree,  # the agreement a creating realize call makes
+    )
 
     if impl == "fmesh":
         _agree.agree(

@@ -14,7 +14,7 @@ call is a memo hit. Where torch raises ``RuntimeError``, it raises
 :class:`DeviceMeshError` (also a ``RuntimeError`` and an ``fmesh.MeshError``).
 """
 
-from ._dropin import init_device_mesh as init_device_mesh
-from ._errors import DeviceMeshError as DeviceMeshError
+from ._core.errors import DeviceMeshError as DeviceMeshError
+from ._torch.dropin import init_device_mesh as init_device_mesh
 
 __all__ = ["DeviceMeshError", "init_device_mesh"]

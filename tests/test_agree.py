@@ -1,4 +1,4 @@
-"""The agreement protocol of ``fmesh/_agree.py`` on a real TCPStore.
+"""The agreement protocol of ``fmesh/_runtime/agreement.py`` on a real TCPStore.
 
 Two kinds of jobs:
 
@@ -29,10 +29,11 @@ import pytest
 from _dist import Job, run_spawn
 
 from bench.counting import CountingStore
-from fmesh import MeshMismatchError, _agree
+from fmesh import MeshMismatchError
+from fmesh._runtime import agreement as _agree
 
 if TYPE_CHECKING:
-    from fmesh._c10d import Store
+    from fmesh._compat import Store
 
 LONG = datetime.timedelta(seconds=60)
 """A timeout no healthy scenario gets near: failures must surface long before it."""

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from strategies import tiling_layouts
 
 import fmesh
-from fmesh._cli import describe, main
-from fmesh._describe import a_or_an
-from fmesh._hosts import crossing_groups
+import fmesh._cli.main
+from fmesh._cli.describe import a_or_an
+from fmesh._cli.main import describe, main
+from fmesh._core.hosts import crossing_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_ARGS = ("describe", "pp=2,dp=2,tp=4", "--rank", "5", "--local-world-size", "4")
@@ -112,7 +113,7 @@ def grid(out: str) -> dict[str, list[list[int]]]:
 
 
 def test_import_does_not_import_torch() -> None:
-    code = "import sys, fmesh._cli, fmesh.__main__; print('torch' in sys.modules)"
+    code = "import sys, fmesh._cli.main, fmesh.__main__; print('torch' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
@@ -530,13 +531,13 @@ def test_programming_errors_are_not_usage_errors(
     def broken(*args: object, **kwargs: object) -> str:
         raise TypeError("a bug, not a bad argument")
 
-    monkeypatch.setattr(fmesh._cli, "describe", broken)
+    monkeypatch.setattr(fmesh._cli.main, "describe", broken)
     with pytest.raises(TypeError, match="a bug"):
         main(["describe", "dp=2"])
 
     def refused(*args: object, **kwargs: object) -> str:
         raise fmesh.MeshError("bad mesh\n  on two lines")
 
-    monkeypatch.setattr(fmesh._cli, "describe", refused)
+    monkeypatch.setattr(fmesh._cli.main, "describe", refused)
     status, out, err = run_main(capsys, "describe", "dp=2")
     assert (status, out, err) == (2, "", "fmesh: error: bad mesh on two lines\n")

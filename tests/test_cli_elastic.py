@@ -13,8 +13,8 @@ from strategies import lost_sets, spare_maps
 from test_cli import assert_shows, grid, ok, parse_ranks, run_cli, run_main, table
 
 import fmesh
-from fmesh._cli import describe, describe_json
-from fmesh._cli_args import Edits
+from fmesh._cli.args import Edits
+from fmesh._cli.main import describe, describe_json
 
 
 def _check_grid(out: str, mesh: fmesh.Mesh) -> None:

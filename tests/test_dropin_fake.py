@@ -27,7 +27,7 @@ from strategies import build_chain, derived_specs
 
 import fmesh
 from fmesh import Layout
-from fmesh._interop import is_flatten_of
+from fmesh._torch.interop import is_flatten_of
 
 WORLD = 64
 RANK = 37

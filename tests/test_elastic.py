@@ -151,24 +151,9 @@ def _wait_event(store: Any, recoveries: int) -> str:
 
 def _check_in_then_die() -> None:
     """Make this rank's next recover() check in and then die (a fault inside it)."""
-    from fmesh import _recover
+    from fmesh._runtime.recover import after_check_in
 
-    real = _recover._verdict
-
-    def verdict_then_die(
-        conn: Any,
-        epoch: int,
-        rank: int,
-        expected: list[int],
-        view: list[int],
-        w: int,
-        wait: datetime.timedelta,
-    ) -> list[int]:
-        _recover.check_in(conn, epoch, rank, w)
-        _die()
-        return real(conn, epoch, rank, expected, view, w, wait)  # never reached
-
-    _recover._verdict = verdict_then_die
+    after_check_in(_die)
 
 
 # -- jobs -----------------------------------------------------------------------------------

@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 from bruteforce import Model, check_mesh, model_of
+from cases import bad, case
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 from strategies import (
@@ -340,61 +340,50 @@ M = make_mesh({"dp": 2, "tp": 4})
 R = make_mesh({"dp": 2, "tp": 2}, ranks=[10, 11, 12, 13])
 
 
-def bad(value: object) -> Any:
-    """An argument of the wrong type on purpose (mypy lets it pass)."""
-    return value
-
-
-def _case(
-    call: Callable[[], object], error: type[BaseException], match: str, name: str
-) -> Any:
-    return pytest.param(call, error, match, id=name)
-
-
 ERRORS = [
-    _case(
+    case(
         lambda: shrink(bad("mesh"), {1}, axis="dp"),
         TypeError,
         r"^shrink\(\) needs an fmesh.Mesh, got str$",
         "shrink not a mesh",
     ),
-    _case(
+    case(
         lambda: shrink(M, bad(3), axis="dp"),
         TypeError,
         r"collection of int, got 3; write e\.g\. shrink\(mesh, \{3, 5\}, axis='dp'\)",
         "shrink one int",
     ),
-    _case(
+    case(
         lambda: shrink(M, bad("3"), axis="dp"),
         TypeError,
         r"collection of int, got '3'",
         "shrink string",
     ),
-    _case(
+    case(
         lambda: shrink(M, bad({3: 4}), axis="dp"),
         TypeError,
         r"collection of int, got \{3: 4\}",
         "shrink mapping",
     ),
-    _case(
+    case(
         lambda: shrink(M, bad([1.0]), axis="dp"),
         TypeError,
         r"lost rank must be int, got 1\.0 of type float",
         "shrink float rank",
     ),
-    _case(
+    case(
         lambda: shrink(M, bad([True]), axis="dp"),
         TypeError,
         r"lost rank must be int, got True of type bool",
         "shrink bool rank",
     ),
-    _case(
+    case(
         lambda: shrink(M, [-1], axis="dp"),
         MeshError,
         r"shrink\(\) got lost rank -1; global ranks are >= 0",
         "shrink negative",
     ),
-    _case(
+    case(
         lambda: shrink(M, [9, 3, 8], axis="dp"),
         MeshError,
         re.escape(
@@ -404,19 +393,19 @@ ERRORS = [
         ),
         "shrink ranks not in mesh",
     ),
-    _case(
+    case(
         lambda: shrink(R, [0], axis="dp"),
         MeshError,
         r"lost rank 0 is not in .* which covers the 4 ranks in its rank_map",
         "shrink rank not in rank map",
     ),
-    _case(
+    case(
         lambda: shrink(M, range(100, 120), axis="dp"),
         MeshError,
         re.escape("[100, 101, 102, 103, 104, 105, 106, ..., 119] (20 in all)"),
         "shrink long list elided",
     ),
-    _case(
+    case(
         lambda: shrink(M, {1, 6}, axis="dp"),
         MeshError,
         re.escape(
@@ -427,13 +416,13 @@ ERRORS = [
         ),
         "shrink nothing remains",
     ),
-    _case(
+    case(
         lambda: shrink(make_mesh({"dp": 1, "tp": 2}), {1}, axis="dp"),
         MeshError,
         r"every slice along axis 'dp' .* coordinates \[0\] of 1\)",
         "shrink size-1 axis",
     ),
-    _case(
+    case(
         lambda: shrink(M, {1}, axis="pp"),
         AxisNotFoundError,
         re.escape(
@@ -441,25 +430,25 @@ ERRORS = [
         ),
         "shrink unknown axis",
     ),
-    _case(
+    case(
         lambda: shrink(M, {1}, axis=bad(0)),
         TypeError,
         r"shrink\(\) axis names must be str, got 0 of type int",
         "shrink axis not str",
     ),
-    _case(
+    case(
         lambda: bad(shrink)(M, {1}, "dp"),
         TypeError,
         r"positional argument",
         "shrink axis positional",
     ),
-    _case(
+    case(
         lambda: replace(bad(None), {1: 9}),
         TypeError,
         r"^replace\(\) needs an fmesh.Mesh, got NoneType$",
         "replace not a mesh",
     ),
-    _case(
+    case(
         lambda: replace(M, bad([(1, 9)])),
         TypeError,
         re.escape(
@@ -468,37 +457,37 @@ ERRORS = [
         ),
         "replace pairs",
     ),
-    _case(
+    case(
         lambda: replace(M, bad({"1": 9})),
         TypeError,
         r"replace\(\) old rank must be int, got '1' of type str",
         "replace str old",
     ),
-    _case(
+    case(
         lambda: replace(M, bad({1: 9.0})),
         TypeError,
         r"replace\(\) spare rank must be int, got 9\.0 of type float",
         "replace float spare",
     ),
-    _case(
+    case(
         lambda: replace(M, bad({1: False})),
         TypeError,
         r"spare rank must be int, got False of type bool",
         "replace bool spare",
     ),
-    _case(
+    case(
         lambda: replace(M, {-2: 9}),
         MeshError,
         r"replace\(\) got old rank -2; global ranks are >= 0",
         "replace negative old",
     ),
-    _case(
+    case(
         lambda: replace(M, {1: -9}),
         MeshError,
         r"replace\(\) got spare rank -9; global ranks are >= 0",
         "replace negative spare",
     ),
-    _case(
+    case(
         lambda: replace(M, {1: 9, 12: 10, 11: 13}),
         MeshError,
         re.escape(
@@ -507,7 +496,7 @@ ERRORS = [
         ),
         "replace old not in mesh",
     ),
-    _case(
+    case(
         lambda: replace(M, {1: 9, 5: 9}),
         MeshError,
         re.escape(
@@ -516,7 +505,7 @@ ERRORS = [
         ),
         "replace duplicate spare",
     ),
-    _case(
+    case(
         lambda: replace(M, {1: 6}),
         MeshError,
         re.escape(
@@ -527,7 +516,7 @@ ERRORS = [
         ),
         "replace spare in mesh",
     ),
-    _case(
+    case(
         lambda: replace(fmesh.slice(M, "dp"), {1: 2}),
         MeshError,
         r"spare rank 2 \(for rank 1\) is already in .* at \(dp=0\)",

@@ -24,7 +24,7 @@ from _dist import Job, run_spawn
 import fmesh
 
 if TYPE_CHECKING:
-    from fmesh._c10d import Store
+    from fmesh._compat import Store
 
 WORLD = 4
 JOB_TIMEOUT = 45.0
@@ -241,7 +241,7 @@ def death_in_creation_job(
     rank: int, world: int, dead: int, timeout_s: float
 ) -> dict[str, Any]:
     """Every rank agrees on A; rank ``dead`` then exits as it starts creating a group."""
-    from fmesh import _c10d
+    from fmesh import _compat as _c10d
 
     _start(rank)
     if rank == dead:

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 import fmesh
-from fmesh import _c10d, _groups, _memo
+from fmesh import _compat as _c10d
+from fmesh._runtime import groups as _groups
+from fmesh._runtime import memo as _memo
 
 Call = tuple[str, tuple[int, ...], str]
 

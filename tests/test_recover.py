@@ -1,4 +1,4 @@
-"""The recovery protocol of ``fmesh/_recover.py`` on a real TCPStore, and its errors.
+"""The recovery protocol of ``fmesh/_runtime/recover.py`` on a real TCPStore, and its errors.
 
 Survivors are played by threads of this process with a store client each (the
 protocol needs no process group), except where a process must die: the store's own
@@ -19,7 +19,9 @@ import pytest
 from _dist import run_spawn
 
 import fmesh
-from fmesh import _agree, _recover, _stream
+from fmesh._runtime import agreement as _agree
+from fmesh._runtime import recover as _recover
+from fmesh._runtime import stream as _stream
 
 SHORT = datetime.timedelta(seconds=1)
 

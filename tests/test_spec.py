@@ -25,8 +25,8 @@ from strategies import axis_names, axis_sizes, partition_specs
 
 import fmesh
 from fmesh import AxisNotFoundError, MeshError, P, PartitionSpec
-from fmesh._distribute import _spec_from_order
-from fmesh._spec import plan_from_spec, spec_from_plan
+from fmesh._core.partition_spec import plan_from_spec, spec_from_plan
+from fmesh._torch.distribute import _spec_from_order
 
 # -- the value ----------------------------------------------------------------------------
 
@@ -116,7 +116,7 @@ def test_empty_axis_name() -> None:
 def test_importing_and_planning_do_not_import_torch() -> None:
     code = (
         "import sys, fmesh\n"
-        "from fmesh._spec import plan_from_spec, spec_from_plan\n"
+        "from fmesh._core.partition_spec import plan_from_spec, spec_from_plan\n"
         "m = fmesh.make_mesh({'dp': 2, 'tp': 4})\n"
         "s = fmesh.P(('tp', 'dp'))\n"
         "assert spec_from_plan(m, plan_from_spec(m, s, 2)) == s\n"

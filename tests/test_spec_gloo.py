@@ -252,7 +252,7 @@ def _error_cases(realized: fmesh.RealizedMesh, full: Any) -> dict[str, Any]:
     import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
-    from fmesh._c10d import strided_shard
+    from fmesh._compat import strided_shard
 
     cases = {
         "unknown_axis": lambda: fmesh.distribute(full, realized, P("nope")),
@@ -482,7 +482,7 @@ def test_non_member_ranks_hold_nothing(reports: list[dict[str, Any]]) -> None:
 def test_placements_per_mesh_axis() -> None:
     from torch.distributed.tensor import Replicate, Shard
 
-    from fmesh._c10d import strided_shard, strided_shard_parts
+    from fmesh._compat import strided_shard, strided_shard_parts
 
     mesh = fmesh.make_mesh({"dp": 2, "cp": 3, "tp": 4})
     assert fmesh.placements(mesh, P(None, "tp"), 2) == (Replicate(), Replicate(), Shard(1))

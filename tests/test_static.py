@@ -112,8 +112,9 @@ def _private_torch_uses(path: Path) -> list[str]:
     return found
 
 
-COMPAT = ROOT / "fmesh" / "_c10d"
-"""The compat package: process groups and DTensor (``__init__.py``), DeviceMesh."""
+COMPAT = ROOT / "fmesh" / "_compat"
+"""The compat package: process groups (``c10d.py``), DTensor (``dtensor.py``) and
+DeviceMesh (``mesh.py``); its ``__init__.py`` only re-exports."""
 
 
 def test_private_torch_names_live_only_in_the_compat_package() -> None:
@@ -124,9 +125,10 @@ def test_private_torch_names_live_only_in_the_compat_package() -> None:
         for use in _private_torch_uses(path)
     ]
     assert offenders == []
-    # The checker itself finds what the compat package uses.
+    # The checker itself finds what the compat package's modules use.
     for path in sorted(COMPAT.glob("*.py")):
-        assert len(_private_torch_uses(path)) > 5, path.name
+        if path.name != "__init__.py":
+            assert len(_private_torch_uses(path)) >= 3, path.name
 
 
 # -- the shape of the package ---------------------------------------------------------------
@@ -136,29 +138,40 @@ MAX_MODULE_LINES = 400
 
 
 def _node(path: Path) -> str:
-    """The package's top-level module ``path`` belongs to (``_c10d`` for the compat
-    package's files)."""
-    return path.relative_to(ROOT / "fmesh").parts[0].removesuffix(".py")
+    """The dotted module name of ``path`` inside the package (``_core.mesh``; a
+    package's ``__init__.py`` is the package itself, ``_compat``)."""
+    parts = path.relative_to(ROOT / "fmesh").with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
 
 
 def _package_imports(path: Path) -> set[str]:
     """Modules of the package that ``path`` imports anywhere: at the top, inside a
     function (a lazy import is still a dependency) or for type checking only."""
-    inside = path.parent != ROOT / "fmesh"  # a file of a subpackage
+    here = path.relative_to(ROOT / "fmesh").parent.parts  # the file's package
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.ImportFrom):
             continue
-        if node.level == 1 and not inside:
-            if node.module:
-                found.add(node.module.split(".")[0])
-            else:
-                found.update(alias.name for alias in node.names)
-        elif node.level == 2 and inside and node.module:
-            found.add(node.module.split(".")[0])
-        elif (node.module or "").startswith("fmesh."):
-            found.add((node.module or "").split(".")[1])
-    return found - {_node(path)}
+        module = node.module or ""
+        if node.level:
+            base = list(here[: len(here) - (node.level - 1)])
+        elif module.startswith("fmesh."):
+            base, module = [], module.removeprefix("fmesh.")
+        else:
+            continue
+        if module:
+            found.add(".".join([*base, module]))
+        else:  # from . import a, b: modules, or names of the package itself
+            found.update(".".join([*base, alias.name]) for alias in node.names)
+    modules = {_node(p) for p in (ROOT / "fmesh").rglob("*.py")}
+    # `from .x import name` names a module x (or its package); keep what exists.
+    resolved: set[str] = set()
+    for name in found:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name:
+            resolved.add(name)
+    return resolved - {_node(path)}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -197,9 +210,68 @@ def test_the_package_has_no_import_cycle() -> None:
     graph: dict[str, set[str]] = {}
     for path in (ROOT / "fmesh").rglob("*.py"):
         graph.setdefault(_node(path), set()).update(_package_imports(path))
-    graph.pop("__init__.py".removesuffix(".py"))  # re-exports all; nothing imports it
+    graph.pop("__init__")  # re-exports all; nothing imports it
     assert _cycle(graph) is None
     # The checker finds a cycle when there is one.
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert "_memo" in graph["_realize"] and "_realized" in graph["_realize"]
-    assert "_c10d" in graph["_interop"]
+    assert "_runtime.memo" in graph["_runtime.realize"]
+    assert "_runtime.realized_mesh" in graph["_runtime.realize"]
+    assert "_compat.mesh" in graph["_torch.interop"]
+
+
+# -- layering: core -> runtime -> torch interop and CLI ------------------------------------
+
+LAYERS = {
+    "_core": {"_core"},
+    "_compat": {"_compat"},
+    "_runtime": {"_core", "_compat", "_runtime"},
+    "_torch": {"_core", "_compat", "_runtime", "_torch"},
+    "_cli": {"_core", "_compat", "_runtime", "_cli"},
+}
+"""Subpackage -> the subpackages it may import (lazily and for type checking too): the
+core needs nothing, the runtime knows nothing that builds DeviceMeshes (the interop
+registers hooks in ``_runtime/hooks.py``), the torch interop and the CLI sit on top."""
+
+
+def _imports_torch(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(name.split(".")[0] == "torch" for name in names):
+            return True
+    return False
+
+
+def test_layers_import_one_way() -> None:
+    offenders = []
+    for path in sorted((ROOT / "fmesh").rglob("*.py")):
+        layer = _node(path).split(".")[0]
+        if layer not in LAYERS:
+            continue  # the public faces at the top re-export from every layer
+        offenders += [
+            f"{_node(path)} -> {dep}"
+            for dep in sorted(_package_imports(path))
+            if dep.split(".")[0] not in LAYERS[layer]
+        ]
+    assert offenders == []
+    assert set(LAYERS) == {
+        p.name for p in (ROOT / "fmesh").iterdir() if (p / "__init__.py").exists()
+    }
+    # The checker sees lazy imports (destroy) and TYPE_CHECKING ones (realize).
+    assert "_compat" in _package_imports(ROOT / "fmesh/_runtime/cache.py")
+    assert "_compat" in _package_imports(ROOT / "fmesh/_runtime/realize.py")
+
+
+def test_the_core_imports_no_torch() -> None:
+    assert [
+        p.name for p in sorted((ROOT / "fmesh/_core").glob("*.py")) if _imports_torch(p)
+    ] == []
+    assert _imports_torch(ROOT / "fmesh/_runtime/launch.py")  # the checker finds it
+
+
+def test_the_public_faces_stay_few() -> None:
+    assert len(list((ROOT / "fmesh").glob("*.py"))) <= 6

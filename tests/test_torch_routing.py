@@ -262,7 +262,7 @@ def torch_untouched_job(rank: int, world: int) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh as torch_init
 
-    from fmesh._c10d.hook import installed, space_of
+    from fmesh._compat.hook import installed, space_of
     from fmesh.device_mesh import init_device_mesh
 
     init_device_mesh("cpu", (WORLD,), mesh_dim_names=("world",))  # installs the hook

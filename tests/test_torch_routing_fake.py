@@ -4,6 +4,7 @@ know). Each job runs in a fresh process: the routing is installed once per proce
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from _dist import run_spawn
 from test_torch_routing import _count_new_group
 
 import fmesh
-from fmesh._c10d.hook import supported
+from fmesh._compat.hook import supported
 
 BIG = 2**14
 RANK = 9001
@@ -100,16 +101,16 @@ def test_a_big_fake_world_answers_as_torch_with_only_this_ranks_groups(tmp_path:
 
 
 def stepping_aside_job(_: int, __: int, how: str) -> dict[str, Any]:
-    import torch.distributed as dist
 
-    from fmesh._c10d.hook import installed
+    from fmesh._compat.hook import installed
     from fmesh.device_mesh import init_device_mesh
 
     if how == "env":
         os.environ["FMESH_TORCH_HOOK"] = "0"
     fmesh.init_fake_world(64, 5)
     if how == "torchcomms":
-        dist.config.use_torchcomms = True  # type: ignore[attr-defined]  # torch's config module sets its attributes dynamically
+        config: Any = importlib.import_module("torch.distributed.config")
+        config.use_torchcomms = True
     root = init_device_mesh("cpu", (64,), mesh_dim_names=("world",))
     new_groups = _count_new_group()
     created = fmesh.cache_stats().created

@@ -1,0 +1,1 @@
+"""The ``fmesh`` command line (``python -m fmesh``)."""

@@ -1,0 +1,298 @@
+"""The ``fmesh`` command line: parse arguments, then draw a mesh or dry-run realize.
+
+    python -m fmesh describe "pp=2,dp=4,tp=8" --rank 5 --flatten dp,tp
+    python -m fmesh describe "dp=2,tp=4" --json
+    python -m fmesh describe "dp=4,tp=2" --lost 3,5 --shrink dp --replace 0=8
+    python -m fmesh plan --world 131072 "pp=16,dp=256,cp=4,tp=8" --rank 5
+
+This module only dispatches: the mesh flags are parsed in :mod:`fmesh._cli_args`, the
+text of ``describe`` comes from :mod:`fmesh._describe` (pure), the host analysis from
+:mod:`fmesh._hosts`, and the dry run of ``plan`` from :mod:`fmesh._plan`, which alone
+imports torch.
+
+A *host* is a block of ``--local-world-size`` consecutive global ranks (default 8); an
+axis is intra-host when every one of its groups lies inside one host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from .._core.errors import MeshError
+from .._core.hosts import BANDWIDTH_HEAVY_AXES
+from .._core.queries import coordinate
+from .args import (
+    SPEC_HELP,
+    CliError,
+    Edits,
+    build,
+    not_in_mesh,
+    parse_count,
+    parse_names,
+    parse_spec,
+)
+from .describe import describe_text
+
+__all__ = ["describe", "describe_json", "main", "parse_spec", "plan"]
+
+logger = logging.getLogger("fmesh")
+
+# c10d ranks and world sizes are 32-bit ints.
+_MAX_WORLD = 2**31 - 1
+
+
+# -- commands -------------------------------------------------------------------------
+
+
+def _check_host(local_world_size: int) -> None:
+    if local_world_size < 1:
+        raise CliError(
+            f"--local-world-size is {local_world_size}; expected the number of ranks "
+            "per host, >= 1 (e.g. 8)"
+        )
+
+
+def describe(
+    spec: str,
+    *,
+    flattens: Sequence[str] = (),
+    unflattens: Sequence[str] = (),
+    rank: int | None = None,
+    local_world_size: int = 8,
+    keep_in_host: Sequence[str] = BANDWIDTH_HEAVY_AXES,
+    edits: Edits | None = None,
+) -> str:
+    """The text ``fmesh describe`` prints; ``edits`` are ``--lost``, ``--shrink`` and
+    ``--replace``, applied after the unflattens and before the flattens."""
+    _check_host(local_world_size)
+    mesh, axes, notes = build(spec, unflattens, flattens, edits)
+    if rank is not None and coordinate(mesh, rank) is None:
+        raise CliError(not_in_mesh(rank, spec, mesh, edits))
+    return describe_text(
+        mesh,
+        axes,
+        rank=rank,
+        ranks_per_host=local_world_size,
+        keep_in_host=keep_in_host,
+        notes=notes,
+    )
+
+
+def describe_json(
+    spec: str, *, unflattens: Sequence[str] = (), edits: Edits | None = None
+) -> str:
+    """The text ``fmesh describe --json`` prints: the mesh as :meth:`Mesh.to_json`."""
+    mesh, _, _ = build(spec, unflattens, (), edits)
+    return mesh.to_json() + "\n"
+
+
+def plan(
+    spec: str,
+    *,
+    world: int,
+    rank: int = 0,
+    flattens: Sequence[str] = (),
+    unflattens: Sequence[str] = (),
+    backend: str = "nccl",
+    local_world_size: int = 8,
+) -> str:
+    """The text ``fmesh plan`` prints: a dry run of realize on the fake backend."""
+    _check_host(local_world_size)
+    mesh, axes, _ = build(spec, unflattens, flattens)
+    if world < mesh.size:
+        raise CliError(
+            f'--world {world} is smaller than the mesh "{spec}" of {mesh.size} ranks; '
+            f"give --world {mesh.size} or more, or shrink the mesh"
+        )
+    if world > _MAX_WORLD:
+        raise CliError(
+            f"--world {world} is more ranks than torch can address; expected at most "
+            f"{_MAX_WORLD} (2**31 - 1)"
+        )
+    if not 0 <= rank < world:
+        raise CliError(
+            f"--rank {rank} is not in the world of {world} ranks; expected 0..{world - 1}"
+        )
+    from .dry_run import known_backends, plan_text
+
+    known = known_backends()
+    for part in backend.split(","):
+        name = part.rpartition(":")[2].strip().lower()
+        if name not in known:
+            raise CliError(
+                f"--backend {backend!r} names backend {name!r}; expected one of "
+                f"{known}, or a device map such as 'cpu:gloo,cuda:nccl'"
+            )
+    return plan_text(
+        mesh,
+        axes,
+        world=world,
+        rank=rank,
+        backend=backend,
+        ranks_per_host=local_world_size,
+    )
+
+
+# -- entry point -----------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line too."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"fmesh: error: {message} (see '{self.prog} --help')\n")
+        sys.exit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = _Parser(
+        prog="fmesh",
+        description="Draw an fmesh mesh, or dry-run realize for one rank on the fake backend.",
+    )
+    parser.add_argument("--version", action="version", version=f"fmesh {__version__}")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log progress to stderr (-vv: debug)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("spec", help=f"the mesh: {SPEC_HELP}")
+        p.add_argument(
+            "--flatten",
+            action="append",
+            default=[],
+            metavar="[NAME=]A,B",
+            help="add an axis flattening these axes (repeatable)",
+        )
+        p.add_argument(
+            "--unflatten",
+            action="append",
+            default=[],
+            metavar="AXIS=NAME:SIZE,...",
+            help="split an axis of the spec, before any --flatten, e.g. "
+            "world=dp:2,tp:4 (repeatable)",
+        )
+        p.add_argument(
+            "--local-world-size", default="8", metavar="N", help="ranks per host (default 8)"
+        )
+        p.add_argument(
+            "-v",
+            "--verbose",
+            action="count",
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+        )
+
+    d = sub.add_parser("describe", help="draw the rank grid and each axis's groups")
+    common(d)
+    d.add_argument("--rank", default=None, metavar="R", help="show this rank's groups")
+    d.add_argument(
+        "--json",
+        action="store_true",
+        help="print the mesh (after any --unflatten, --shrink, --replace) as "
+        "fmesh.Mesh.to_json() instead",
+    )
+    d.add_argument(
+        "--lost",
+        default=None,
+        metavar="R,...",
+        help="lost global ranks, e.g. 3,5; with --shrink, describe the mesh without them",
+    )
+    d.add_argument(
+        "--shrink",
+        default=None,
+        metavar="AXIS",
+        help="drop every slice along AXIS that holds a --lost rank (fmesh.shrink)",
+    )
+    d.add_argument(
+        "--replace",
+        default=None,
+        metavar="OLD=NEW,...",
+        help="hot spares: rank NEW takes rank OLD's place, e.g. 3=8,5=9, after any "
+        "--shrink (fmesh.replace)",
+    )
+    d.add_argument(
+        "--keep-in-host",
+        default=",".join(BANDWIDTH_HEAVY_AXES),
+        metavar="AXES",
+        help="warn when these axes cross hosts (default %(default)s; '' for none)",
+    )
+    p = sub.add_parser("plan", help="dry-run fmesh.realize for one rank (fake backend)")
+    common(p)
+    p.add_argument("--world", required=True, metavar="N", help="world size, e.g. 2**17")
+    p.add_argument("--rank", default="0", metavar="R", help="the rank (default 0)")
+    p.add_argument(
+        "--backend",
+        default="nccl",
+        help="backend of the real run, for the report (default nccl)",
+    )
+    return parser
+
+
+def _run(args: argparse.Namespace) -> str:
+    host = parse_count(args.local_world_size, "--local-world-size")
+    rank = None if args.rank is None else parse_count(args.rank, "--rank")
+    edits = Edits(args.lost, args.shrink, args.replace) if args.command == "describe" else None
+    if args.command == "describe" and args.json:
+        if args.rank is not None or args.flatten:
+            raise CliError(
+                "--json prints the mesh itself, so it takes no --rank or --flatten; "
+                "drop them, or flatten in Python and call Mesh.to_json()"
+            )
+        return describe_json(args.spec, unflattens=args.unflatten, edits=edits)
+    if args.command == "describe":
+        return describe(
+            args.spec,
+            flattens=args.flatten,
+            unflattens=args.unflatten,
+            rank=rank,
+            local_world_size=host,
+            keep_in_host=parse_names(args.keep_in_host, "--keep-in-host"),
+            edits=edits,
+        )
+    return plan(
+        args.spec,
+        world=parse_count(args.world, "--world"),
+        rank=0 if rank is None else rank,
+        flattens=args.flatten,
+        unflattens=args.unflatten,
+        backend=args.backend,
+        local_world_size=host,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2 for bad arguments)."""
+    args = _parser().parse_args(argv)
+    if args.verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
+    try:
+        text = _run(args)
+    except MeshError as err:
+        # Bad specs and flags raise MeshError (the CLI's own errors subclass it);
+        # anything else is a bug and keeps its traceback.
+        message = " ".join(str(err).split())
+        print(f"fmesh: error: {message}", file=sys.stderr)
+        return 2
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away; silence the flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0

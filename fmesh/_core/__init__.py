@@ -1,0 +1,1 @@
+"""The pure core: layouts, meshes, operations, queries, errors (no torch, no runtime)."""

@@ -1,0 +1,1 @@
+"""The process-group runtime: realize, its memo, the cross-rank agreement, recovery."""

@@ -1,0 +1,312 @@
+"""Creating the process groups of one realize call, axis by axis, for this rank only.
+
+Each group is created once per process, with its ranks in coordinate order; how NCCL,
+gloo and size-1 axes are made: ``docs/design/agreement-protocol.md``. Nothing here
+holds the process lock while waiting on peers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, final
+
+import attrs
+
+from .._core.errors import MeshMismatchError
+from .._core.layout import Layout
+from .._core.mesh import Mesh
+from .._core.queries import group, rank_of
+from .._core.rank_map import rank_map_info
+from . import agreement as _agree
+from .memo import GroupKey, rank_map_key, state
+from .stream import digest
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from .._compat import Store
+
+__all__ = ["AxisRequest", "World", "axis_group"]
+
+logger = logging.getLogger("fmesh")
+
+
+@final
+@attrs.frozen(slots=True)
+class World:
+    """Facts about the default process group that shape every creation."""
+
+    pg: ProcessGroup
+    size: int
+    rank: int
+    backend: str
+    fake: bool
+    eager: bool
+    """The default group has a bound device (eagerly initialized NCCL)."""
+    intact: bool = True
+    """No rank was declared lost: the default group may still be used."""
+
+
+@final
+@attrs.frozen(slots=True)
+class AxisRequest:
+    """One axis of a realize call, as this rank needs it."""
+
+    mesh: Mesh
+    name: str
+    layout: Layout
+    member: bool
+    """This rank is in the mesh (so it has a group along the axis)."""
+    backend: str
+    options: object
+    options_id: int
+    explicit: bool
+    """The backend was named for this axis (per-axis mapping), not inherited."""
+
+    def members(self, rank: int) -> tuple[int, ...] | None:
+        """This rank's group in coordinate order (O(group size)); ``None`` off the mesh."""
+        return group(self.mesh, self.name, rank) if self.member else None
+
+    def is_world_in_rank_order(self, world_size: int) -> bool:
+        """The axis is every rank of the world in rank order (O(1), no group built)."""
+        m = self.mesh
+        return (
+            m.rank_map is None
+            and m.index_size == world_size
+            and self.layout.modes == ((world_size, 1),)
+        )
+
+    def served_by_world(self, world: World) -> bool:
+        """The default group is this axis's group on every rank (O(1))."""
+        return (
+            world.intact
+            and self.options is None
+            and self.backend == world.backend
+            and self.is_world_in_rank_order(world.size)
+        )
+
+    @property
+    def key(self) -> Hashable:
+        """The memo key of the axis: the same on every rank that realizes it."""
+        m = self.mesh
+        return (self.layout, m.index_size, rank_map_key(m), self.backend, self.options_id)
+
+
+# -- one axis ------------------------------------------------------------------------------
+
+
+def axis_group(
+    request: AxisRequest,
+    world: World,
+    timeout: datetime.timedelta | None,
+    ticket: _agree.Ticket | None,
+) -> tuple[ProcessGroup | None, int]:
+    """This rank's group along one axis, from the memo or newly created."""
+
+    def lookup() -> tuple[ProcessGroup | None, int] | None:
+        if request.key not in state.axis_memo:
+            return None
+        state.reused += 1
+        return state.axis_memo[request.key], 0
+
+    return state.once(
+        ("axis", request.key),
+        lookup,
+        lambda: _create(request, world, timeout, ticket),
+        lambda value: _store(request, value),
+    )
+
+
+def _store(request: AxisRequest, value: tuple[ProcessGroup | None, int]) -> None:
+    pg, made = value
+    state.axis_memo[request.key] = pg
+    if made:
+        assert pg is not None and request.member
+        state.created_pgs.append(pg)
+        state.created += 1
+    else:
+        state.reused += 1
+
+
+def _size_one_backend(request: AxisRequest, world: World) -> tuple[str, object, int]:
+    """A size-1 axis needs no communicator: a one-member gloo (fake) group, unless
+    the user named a backend for this very axis."""
+    if request.layout.size > 1 or request.explicit:
+        return request.backend, request.options, request.options_id
+    return ("fake" if world.fake else "gloo"), None, 0
+
+
+def _create(
+    request: AxisRequest,
+    world: World,
+    timeout: datetime.timedelta | None,
+    ticket: _agree.Ticket | None,
+) -> tuple[ProcessGroup | None, int]:
+    """Make (or find) the group; returns (group, 1 if created else 0)."""
+    from .._compat import default_timeout
+
+    if request.member and request.served_by_world(world):
+        # The whole world in rank order is the default group: no second communicator.
+        # Every rank is a member, so every rank decides this alike (no collective).
+        return world.pg, 0
+    backend, options, options_id = _size_one_backend(request, world)
+    members = request.members(world.rank)
+    # With an eagerly initialized NCCL world, torch makes every NCCL group by
+    # splitting the world communicator, a collective over all ranks; other axes
+    # are made by their members alone.
+    # After a loss the world holds dead ranks: groups are made by their members.
+    world_collective = (
+        world.eager
+        and world.intact
+        and "nccl" in backend
+        and request.layout.size > 1
+        and not world.fake
+    )
+    group_key = None if members is None else (members, backend, options_id)
+    if group_key is not None and not world_collective:
+        with state.lock:
+            pg = state.group_memo.get(group_key)
+        if pg is not None:
+            return pg, 0
+    desc = f"fmesh:{request.name}"
+    wait = timeout if timeout is not None else default_timeout(backend)
+    if world_collective:
+        pg = _split(request, world, backend, options, options_id, timeout, wait, desc)
+    elif group_key is not None and (shrunk := _shrunk(group_key)) is not None:
+        pg = shrunk
+    elif members is not None:
+        pg = _new_group(
+            request.name, members, world.rank, backend, options, options_id, wait, desc, ticket
+        )
+    else:
+        pg = None
+    if pg is None or members is None or group_key is None:
+        return None, 0
+    with state.lock:
+        state.group_memo[group_key] = pg
+    logger.debug(
+        "fmesh: created group %s of %d ranks %s (%s)",
+        desc,
+        len(members),
+        list(members) if len(members) <= 16 else f"[{members[0]}, ..., {members[-1]}]",
+        backend,
+    )
+    return pg, 1
+
+
+def _shrunk(key: GroupKey) -> ProcessGroup | None:
+    """After a loss, on NCCL: the group shrunk from a retired one whose survivors are
+    exactly ``key``'s members, in the same order (no new rendezvous); else ``None``.
+    Every member finds the same retired group: retirement is the same on survivors."""
+    from .._compat import shrink_from
+
+    members, backend, options_id = key
+    if "nccl" not in backend:
+        return None
+    with state.lock:
+        lost = state.loss.lost
+        found = [
+            (old, pg)
+            for old, pg in state.loss.retired.items()
+            if old[1:] == (backend, options_id)
+            and tuple(r for r in old[0] if r not in lost) == members
+        ]
+    for (old_members, _, _), pg in sorted(found, key=lambda item: item[0][0]):
+        exclude = [i for i, r in enumerate(old_members) if r in lost]
+        shrunk = shrink_from(pg, exclude)
+        if shrunk is not None:
+            return shrunk
+    return None
+
+
+def _group_name(ranks: tuple[int, ...], backend: str, options_id: int) -> str:
+    return f"fmesh_g{state.generation}_{digest(ranks, backend, options_id)[:20]}"
+
+
+def _new_group(
+    axis: str,
+    ranks: tuple[int, ...],
+    me: int,
+    backend: str,
+    options: object,
+    options_id: int,
+    timeout: datetime.timedelta,
+    desc: str,
+    ticket: _agree.Ticket | None,
+) -> ProcessGroup | None:
+    """Create one group with ranks in coordinate order, explaining failures."""
+    from .._compat import default_store, memory_store, new_named_group
+
+    name = _group_name(ranks, backend, options_id)
+    if len(ranks) == 1:
+        # A group of one meets nobody: rendezvous in a store of its own, in memory.
+        store: Store | None = memory_store()
+    else:
+        # This thread's own store connection: the rendezvous waits in the store, and
+        # a store client serializes its operations, so threads sharing one would
+        # wait on each other.
+        store = None if ticket is None else _agree.thread_store(default_store())
+    try:
+        return new_named_group(ranks, me, backend, options, timeout, name, desc, store)
+    except Exception as err:  # a peer that never joins shows up as a store timeout
+        if ticket is None:
+            raise
+        _agree.abort(ticket, f"it could not create the group {list(ranks)}: {err}")
+        gave_up = _peer_failures(ticket, ranks, me, grace=min(timeout.total_seconds(), 5.0))
+        others = [r for r in ranks if r != me]
+        why = (
+            "; ".join(f"rank {r} gave up: {m}" for r, m in sorted(gave_up.items()))
+            if gave_up
+            else f"no other member reported a failure, so one of ranks {others} died or "
+            "is stuck"
+        )
+        raise MeshMismatchError(
+            f"creating the group {list(ranks)} of axis {axis!r} failed on rank {me} after "
+            f"every rank agreed on {ticket.where} ({ticket.summary}): {why} "
+            f"(torch said: {err})"
+        ) from err
+
+
+def _peer_failures(
+    ticket: _agree.Ticket, ranks: tuple[int, ...], me: int, grace: float
+) -> dict[int, str]:
+    """Why other members of ``ranks`` gave up on this call, waiting up to ``grace``
+    seconds for a first report (a peer's own timeout can end a moment after ours)."""
+    deadline = time.monotonic() + grace
+    while True:
+        reports = _agree.failures(ticket)
+        found = {r: why for r, why in reports.items() if r != me and r in ranks}
+        if found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.1)
+
+
+def _split(
+    request: AxisRequest,
+    world: World,
+    backend: str,
+    options: object,
+    options_id: int,
+    timeout: datetime.timedelta | None,
+    wait: datetime.timedelta,
+    desc: str,
+) -> ProcessGroup | None:
+    """World-collective creation from the eagerly initialized NCCL world group.
+
+    Every rank of the world calls this once per axis (non-members pass a group they
+    are not in, which makes them take part in the split without joining).
+    """
+    from .._compat import new_named_group, split_from_world
+
+    mesh = request.mesh
+    some = request.members(world.rank) or group(mesh, request.name, rank_of(mesh, 0))
+    increasing = mesh.rank_map is None or rank_map_info(mesh.rank_map).is_increasing
+    if request.layout.is_ascending and increasing:
+        return split_from_world(some, backend, options, timeout, desc)
+    # split_group sorts ranks; keep coordinate order with torch's own split-from-world
+    # constructor, which every rank of the world enters once.
+    name = _group_name(some, backend, options_id)
+    return new_named_group(some, world.rank, backend, options, wait, name, desc, None)

@@ -1,0 +1,91 @@
+"""Hooks through which the layers above the runtime (the DeviceMesh interop) follow it.
+
+The runtime calls these; it never imports the modules that register them, so the
+layering stays one way: core, then runtime, then torch interop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from .._core.errors import MeshError
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from .._core.mesh import Mesh
+
+__all__ = [
+    "on_loss",
+    "on_realized",
+    "on_reset",
+    "provide_device_mesh",
+    "run_loss_hooks",
+    "run_realized_hooks",
+    "run_reset_hooks",
+    "to_device_mesh",
+]
+
+Realized = Callable[["Mesh", Mapping[str, "ProcessGroup"]], None]
+ToDeviceMesh = Callable[
+    ["Mesh", "tuple[int, ...] | None", Mapping[str, "ProcessGroup"], "str | None"],
+    "DeviceMesh",
+]
+
+_reset_hooks: list[Callable[[], None]] = []
+_loss_hooks: list[Callable[[], None]] = []
+_realized_hooks: list[Realized] = []
+_device_mesh: list[ToDeviceMesh] = []
+
+
+def on_reset(hook: Callable[[], None]) -> None:
+    """Call ``hook`` (under the memo lock) whenever the memo is reset: by
+    :func:`destroy`, or when the default process group changes. Modules that keep
+    per-group state of their own (the DeviceMesh interop) register here, so this
+    package never imports them."""
+    _reset_hooks.append(hook)
+
+
+def on_loss(hook: Callable[[], None]) -> None:
+    """Call ``hook`` (under the memo lock) after :func:`fmesh.recover` declared ranks
+    lost: state built on groups that may hold them must go."""
+    _loss_hooks.append(hook)
+
+
+def on_realized(hook: Realized) -> None:
+    """Call ``hook(mesh, groups)`` after every realize call (outside the memo lock)."""
+    _realized_hooks.append(hook)
+
+
+def provide_device_mesh(convert: ToDeviceMesh) -> None:
+    """The DeviceMesh interop's converter, behind ``RealizedMesh.to_device_mesh``."""
+    _device_mesh[:] = [convert]
+
+
+def run_reset_hooks() -> None:
+    for hook in _reset_hooks:
+        hook()
+
+
+def run_loss_hooks() -> None:
+    for hook in _loss_hooks:
+        hook()
+
+
+def run_realized_hooks(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:
+    for hook in _realized_hooks:
+        hook(mesh, groups)
+
+
+def to_device_mesh(
+    mesh: Mesh,
+    coordinate: tuple[int, ...] | None,
+    groups: Mapping[str, ProcessGroup],
+    device_type: str | None,
+) -> DeviceMesh:
+    """A DeviceMesh for a realized mesh, made by the interop that registered itself."""
+    if not _device_mesh:  # only when fmesh._torch was never imported
+        raise MeshError("no DeviceMesh converter is registered: import fmesh first")
+    return _device_mesh[0](mesh, coordinate, groups, device_type)

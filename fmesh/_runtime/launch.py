@@ -1,0 +1,137 @@
+"""Starting the default process group from the torchrun environment (the checks of
+backends, devices and timeouts are in ``checks.py``).
+
+torch is imported inside the functions, never by ``import fmesh``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .._core.errors import LaunchError, MeshError
+
+__all__ = [
+    "init_fake_world",
+    "ensure_default_group",
+]
+
+logger = logging.getLogger("fmesh")
+
+_LAUNCH_HELP = """\
+fmesh.realize() found no default process group and cannot create one: the torchrun
+environment variables {missing} are not set.
+
+Launch the script with torchrun, which sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR
+and MASTER_PORT for every process, e.g.
+
+    torchrun --standalone --nproc-per-node 4 train.py
+
+or call torch.distributed.init_process_group(...) yourself before realize()."""
+
+
+def _device_help(local_rank: int, count: int) -> str:
+    seen = (
+        "sees no CUDA device"
+        if count == 0
+        else f"sees {count} CUDA device(s) (cuda:0..cuda:{count - 1})"
+    )
+    fixes = [
+        'ask for a CPU world: fmesh.realize(mesh, backend="gloo")',
+        "or initialize the default group yourself before realize() "
+        "(torch.distributed.init_process_group(...))",
+    ]
+    if count:
+        fixes.insert(
+            0,
+            f"launch at most {count} process(es) per node (torchrun --nproc-per-node {count})",
+        )
+        fixes[1] = "or " + fixes[1]
+    return (
+        f"fmesh.realize() would start NCCL on cuda:{local_rank} "
+        f"(LOCAL_RANK={local_rank}), but this process {seen}. Either:\n"
+        + "\n".join(f"  * {fix}," for fix in fixes).rstrip(",")
+        + "."
+    )
+
+
+def ensure_default_group(backend: str | None) -> None:
+    """Initialize the default group from the torchrun environment if there is none.
+
+    ``backend`` is the global backend the caller asked realize for, or ``None``: then
+    NCCL with a bound device when CUDA is available, gloo otherwise.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    needed = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    missing = [v for v in needed if v not in os.environ]
+    if missing:
+        raise LaunchError(_LAUNCH_HELP.format(missing=", ".join(missing)))
+    if "LOCAL_RANK" not in os.environ:
+        raise LaunchError(
+            "fmesh.realize() found RANK and WORLD_SIZE but no LOCAL_RANK, so it cannot "
+            "tell which device this process owns. Launch with torchrun (it sets "
+            "LOCAL_RANK), set LOCAL_RANK yourself, or call "
+            "torch.distributed.init_process_group(...) before realize()."
+        )
+    try:
+        local_rank = int(os.environ["LOCAL_RANK"])
+    except ValueError:
+        raise LaunchError(
+            f"LOCAL_RANK={os.environ['LOCAL_RANK']!r} is not an integer"
+        ) from None
+    wants_nccl = (
+        "nccl" in backend.lower() if backend is not None else torch.cuda.is_available()
+    )
+    if not wants_nccl:
+        dist.init_process_group(backend=backend or "gloo")
+    else:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not 0 <= local_rank < count:
+            raise LaunchError(_device_help(local_rank, count))
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group(backend=backend or "cpu:gloo,cuda:nccl", device_id=device)
+    logger.info(
+        "fmesh: initialized the default process group (%s) from the torchrun "
+        "environment, rank %d of %d",
+        dist.get_backend(),
+        dist.get_rank(),
+        dist.get_world_size(),
+    )
+
+
+def init_fake_world(world_size: int, rank: int) -> None:
+    """Start the default process group on torch's ``fake`` backend, for dry runs.
+
+    This process then plays ``rank`` of a ``world_size``-rank world: :func:`realize`
+    creates this rank's groups as it would for real (nothing is communicated), so a
+    100k-rank configuration can be checked on a laptop. Tear it down with
+    ``fmesh.destroy()`` and ``torch.distributed.destroy_process_group()``.
+
+    Raises:
+        TypeError: for arguments that are not int.
+        MeshError: for a rank outside ``0..world_size-1``, or when a default group
+            already exists.
+    """
+    import torch.distributed as dist
+
+    from .._compat import init_fake_world as init
+
+    for name, value in (("world_size", world_size), ("rank", rank)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"init_fake_world() {name} must be int, got {value!r}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise MeshError(
+            f"init_fake_world() got rank {rank} of world_size {world_size}; expected "
+            f"world_size >= 1 and 0 <= rank < world_size"
+        )
+    if dist.is_initialized():
+        raise MeshError(
+            "init_fake_world() found a default process group already; call "
+            "torch.distributed.destroy_process_group() first"
+        )
+    init(rank, world_size)

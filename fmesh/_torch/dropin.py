@@ -1,0 +1,268 @@
+"""torch's ``init_device_mesh`` built on fmesh (public as ``fmesh.device_mesh``).
+
+``make_mesh`` -> ``realize`` -> ``to_device_mesh``, with torch's arguments and a
+DeviceMesh that behaves as torch's: ``docs/design/device-mesh-internals.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from .._core.errors import DeviceMeshError, MeshError
+from .._core.mesh import Mesh, make_mesh
+from .._runtime.checks import check_device_type
+from .._runtime.launch import ensure_default_group
+from .._runtime.realize import realize
+from .interop import new_root
+from .routing import realizing_torch_roots
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from .._compat import BackendOptions
+
+__all__ = ["init_device_mesh"]
+
+BackendConfig = tuple["str | None", "BackendOptions | None"]
+
+
+def init_device_mesh(
+    device_type: str,
+    mesh_shape: Sequence[int],
+    *,
+    mesh_dim_names: Sequence[str] | None = None,
+    backend_override: Mapping[int | str, str | BackendOptions | tuple[str, BackendOptions]]
+    | None = None,
+) -> DeviceMesh:
+    """A torch ``DeviceMesh`` of ``mesh_shape`` over ranks ``0..prod(mesh_shape)-1``,
+    as ``torch.distributed.device_mesh.init_device_mesh`` makes it, with fmesh's groups.
+
+    Every rank calls it with the same arguments (SPMD). Without ``mesh_dim_names`` the
+    DeviceMesh has no dim names, as torch's. A dim spanning the whole world in rank
+    order uses the default group. On a ``fake`` world (a dry run, see
+    :func:`fmesh.init_fake_world`) any device type torch knows is accepted, ``"cuda"``
+    without GPUs included. Ranks beyond the mesh get torch's non-participating mesh.
+    On a ``threaded`` world (all ranks as threads of one process) it hands the call to
+    torch's own ``init_device_mesh``: fmesh's memo is per process, one rank each.
+
+    Args:
+        device_type: ``"cpu"``, ``"cuda"``, ... without an index.
+        mesh_shape: the size of each dim.
+        mesh_dim_names: one unique name per dim, or ``None`` for an unnamed mesh.
+        backend_override: per dim (by index, or by name when named): a backend name,
+            backend options, or both as ``(backend, options)``; other dims use the
+            default group's backend.
+
+    Returns:
+        A new root ``DeviceMesh`` per call, as torch's. Roots over the same ranks share
+        fmesh's groups and one rank map; torch's own methods on them and on every mesh
+        derived from them (``__getitem__``, ``_flatten``, ``_unflatten``,
+        ``_concatenate``) create groups through :func:`fmesh.realize`.
+
+    Raises:
+        DeviceMeshError: where torch raises ``RuntimeError``: repeated names, a names /
+            shape length mismatch, a device type with an index, an unknown or
+            repeated ``backend_override`` key, a mesh larger than the world, a device
+            type not usable in this process. Also a ``RuntimeError``.
+        MeshMismatchError: the ranks called it with different arguments.
+        LaunchError: no process group and no torchrun environment to start one.
+
+    Example, one rank of a dry run on the fake backend::
+
+        >>> import torch.distributed as dist
+        >>> import fmesh
+        >>> from fmesh.device_mesh import init_device_mesh
+        >>> fmesh.init_fake_world(8, 5)
+        >>> dm = init_device_mesh("cuda", (2, 4), mesh_dim_names=("dp", "tp"))
+        >>> dm["tp"].mesh.tolist(), dm.get_coordinate()
+        ([4, 5, 6, 7], (1, 1))
+        >>> init_device_mesh("cuda", (8,)).mesh_dim_names is None
+        True
+        >>> fmesh.destroy(); dist.destroy_process_group()
+    """
+    names = _check_names(mesh_shape, mesh_dim_names)
+    overrides = (
+        None
+        if backend_override is None
+        else _normalize_backend_override(backend_override, len(names), mesh_dim_names)
+    )
+    if not isinstance(device_type, str):
+        raise TypeError(f"init_device_mesh() device_type must be a str, got {device_type!r}")
+    if device_type and not device_type.isalpha():
+        raise DeviceMeshError(
+            f"Device type with index is not supported but got {device_type!r}: pass "
+            "the type alone, e.g. 'cuda' (torch.device(...).type); each rank uses its "
+            "current device"
+        )
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        ensure_default_group(None)  # from the torchrun environment, as realize would
+    if dist.get_backend() == "threaded":
+        return _torch_init_device_mesh(device_type, mesh_shape, mesh_dim_names, overrides)
+    world = dist.get_world_size()
+    size = math.prod(mesh_shape)
+    if size > world:
+        raise DeviceMeshError(
+            f"Mesh should not be bigger than default world size {world}, but found "
+            f"{size} ranks (mesh_shape={tuple(mesh_shape)}); launch more processes or "
+            "give a smaller mesh_shape"
+        )
+    try:
+        device_type = check_device_type(device_type, "init_device_mesh")
+    except MeshError as err:
+        raise DeviceMeshError(str(err)) from None
+    _set_device(device_type)
+
+    mesh = _mesh(tuple(mesh_shape), names)
+    backend: dict[str, str] = {}
+    options: dict[str, BackendOptions] = {}
+    for name, (b, o) in zip(names, overrides or ()):
+        if b is not None:
+            backend[name] = b
+        if o is not None:
+            options[name] = o
+    with realizing_torch_roots():
+        realized = realize(mesh, backend=backend or None, options=options or None)
+    return new_root(
+        realized.mesh, realized.groups, device_type, unnamed=mesh_dim_names is None
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
+    """The fmesh mesh of a call (a value: the same arguments give an equal mesh, so a
+    repeated call skips building it)."""
+    return make_mesh(shape, names)
+
+
+def _check_names(
+    mesh_shape: Sequence[int], mesh_dim_names: Sequence[str] | None
+) -> tuple[str, ...]:
+    """The axis names of the fmesh mesh: the given ones, or ``dim0``, ``dim1``, ...
+    (the names :func:`fmesh.from_device_mesh` gives unnamed dims) for an unnamed one."""
+    if isinstance(mesh_shape, int) or not isinstance(mesh_shape, Sequence):
+        raise TypeError(
+            f"init_device_mesh() mesh_shape must be a tuple of ints, got {mesh_shape!r}"
+        )
+    if mesh_dim_names is None:
+        return tuple(f"dim{i}" for i in range(len(mesh_shape)))
+    if isinstance(mesh_dim_names, str):
+        raise TypeError(
+            f"init_device_mesh() mesh_dim_names must be a tuple of str, got "
+            f"{mesh_dim_names!r}; e.g. mesh_dim_names=({mesh_dim_names!r},)"
+        )
+    names = tuple(mesh_dim_names)
+    if len(set(names)) != len(names):
+        raise DeviceMeshError(
+            "Each mesh_dim_name must be unique. Found repeated mesh_dim_name in "
+            f"mesh_dim_names {names}"
+        )
+    if len(mesh_shape) != len(names):
+        raise DeviceMeshError(
+            "mesh_shape and mesh_dim_names should have same length! Found "
+            f"len(mesh_dim_names): {len(names)} and len(mesh_shape): {len(mesh_shape)} "
+            f"(mesh_shape={tuple(mesh_shape)}, mesh_dim_names={names})"
+        )
+    return names
+
+
+def _normalize_backend_override(
+    backend_override: Mapping[int | str, object],
+    ndim: int,
+    mesh_dim_names: Sequence[str] | None,
+) -> tuple[BackendConfig, ...]:
+    """(backend, options) per dim, as torch normalizes ``backend_override``: a dim is
+    named by index or by name (not both); a value is a backend, options, or both."""
+    from .._compat import backend_options_type
+
+    options_type = backend_options_type()
+    left = dict(backend_override)
+    names = tuple(mesh_dim_names or ())
+    out: list[BackendConfig] = []
+    for index in range(ndim):
+        name = names[index] if index < len(names) else None
+        if name is not None and name in left:
+            if index in left:
+                raise DeviceMeshError(
+                    f"Found redundant dim index {index} and name {name} in "
+                    "backend_override; name each dim once"
+                )
+            value = left.pop(name)
+        elif index in left:
+            value = left.pop(index)
+        else:
+            out.append((None, None))
+            continue
+        out.append(_backend_config(value, options_type))
+    if left:
+        raise DeviceMeshError(
+            f"Found invalid keys in backend_override: got {list(left)}, expected "
+            f"integers in range [0, {ndim}) or one of {names}"
+        )
+    return tuple(out)
+
+
+def _backend_config(value: object, options_type: type) -> BackendConfig:
+    if isinstance(value, str):
+        return value, None
+    # torch's options class is looked up at run time; cast to the type checker's name.
+    if isinstance(value, options_type):
+        return None, cast("BackendOptions", value)
+    if (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], options_type)
+    ):
+        return value[0], cast("BackendOptions", value[1])
+    raise TypeError(
+        "a backend_override value must be a backend name, backend options, or "
+        f"(backend name, options), got {value!r}"
+    )
+
+
+def _set_device(device_type: str) -> None:
+    """Select this process's device as torch's DeviceMesh does before creating groups:
+    only when none is selected yet, from ``LOCAL_RANK`` (skipped on a fake world)."""
+    import torch
+    import torch.distributed as dist
+
+    if device_type == "cpu" or dist.get_backend() == "fake":
+        return
+    handle: Any = getattr(torch, device_type, None)
+    initialized = getattr(handle, "is_initialized", None)
+    if initialized is None or initialized() or "LOCAL_RANK" not in os.environ:
+        return
+    handle.set_device(int(os.environ["LOCAL_RANK"]))
+
+
+def _torch_init_device_mesh(
+    device_type: str,
+    mesh_shape: Sequence[int],
+    mesh_dim_names: Sequence[str] | None,
+    overrides: tuple[BackendConfig, ...] | None,
+) -> DeviceMesh:
+    """torch's own ``init_device_mesh`` (threaded worlds: one process plays every rank,
+    while fmesh's memo serves one rank per process)."""
+    from torch.distributed.device_mesh import init_device_mesh as torch_init
+
+    by_index: dict[int | str, str | BackendOptions | tuple[str, BackendOptions]] = {}
+    for i, (b, o) in enumerate(overrides or ()):
+        if b is not None and o is not None:
+            by_index[i] = (b, o)
+        elif b is not None:
+            by_index[i] = b
+        elif o is not None:
+            by_index[i] = o
+    return torch_init(
+        device_type,
+        tuple(mesh_shape),
+        mesh_dim_names=None if mesh_dim_names is None else tuple(mesh_dim_names),
+        backend_override=by_index if overrides is not None else None,
+    )

@@ -1,0 +1,148 @@
+"""The rank spaces fmesh's DeviceMeshes live in, and fmesh's answers to torch.
+
+One :class:`TorchSpace` per rank space (size and rank map) in this process holds the
+rank-map tensor and tuple that every DeviceMesh over it shares, roots from every
+``init_device_mesh`` call included. Registered with the compat hook, it answers
+torch's own ``__getitem__``, ``_flatten``, ``_unflatten`` and ``_concatenate`` on
+those meshes: coordinates from fmesh's queries (O(number of axes)), groups through
+``fmesh.realize`` (this rank's groups only, memoized, agreed first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, final
+
+from .._compat.hook import RankTuple, install, register_space
+from .._compat.mesh import GroupSpec, Modes
+from .._core.errors import MeshError
+from .._core.layout import Layout
+from .._core.mesh import Mesh
+from .._core.queries import coordinate as coordinate_of
+from .._runtime.hooks import on_loss, on_reset
+from .._runtime.memo import WorldKey, world_key
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["TorchSpace", "realizing_torch_roots", "space_for", "torch_roots"]
+
+_lock = threading.Lock()
+_spaces: dict[WorldKey, TorchSpace] = {}
+
+_torch_roots: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "fmesh_torch_roots", default=False
+)
+
+
+def torch_roots() -> bool:
+    """Whether realize runs on torch's behalf here: its axes are dims of torch's
+    DeviceMeshes, not axes of fmesh's own API, so they are not offered as flattens."""
+    return _torch_roots.get()
+
+
+@contextlib.contextmanager
+def realizing_torch_roots() -> Iterator[None]:
+    """realize calls inside are for the dims of torch's DeviceMeshes."""
+    token = _torch_roots.set(True)
+    try:
+        yield
+    finally:
+        _torch_roots.reset(token)
+
+
+@final
+class TorchSpace:
+    """One rank space: torch's rank map (tensor and shared tuple) and the fmesh
+    meshes of the layouts torch asked about."""
+
+    def __init__(self, index_size: int, rank_map: tuple[int, ...] | None) -> None:
+        import torch
+
+        self.index_size = index_size
+        self.rank_map = rank_map
+        if rank_map is None:
+            self.tensor: torch.Tensor = torch.arange(index_size, dtype=torch.int)
+            self._flat = RankTuple(range(index_size))
+        else:
+            self.tensor = torch.tensor(rank_map, dtype=torch.int)
+            self._flat = RankTuple(rank_map)
+        self._meshes: dict[tuple[Modes, ...], Mesh | None] = {}
+
+    @property
+    def flat(self) -> tuple[int, ...]:
+        return self._flat
+
+    def mesh(self, axes: Sequence[Modes], names: Sequence[str] | None = None) -> Mesh | None:
+        """The fmesh mesh of ``axes`` over this space (``None``: not a valid mesh)."""
+        key = tuple(axes)
+        if names is None:
+            if key in self._meshes:
+                return self._meshes[key]
+            names = tuple(f"dim_{i}" for i in range(len(axes)))
+        try:
+            layouts = tuple(Layout._from_modes(m) for m in axes)
+            mesh: Mesh | None = Mesh(tuple(names), layouts, self.index_size, self.rank_map)
+        except MeshError:
+            mesh = None
+        if names is None or all(n == f"dim_{i}" for i, n in enumerate(names)):
+            self._meshes[key] = mesh
+        return mesh
+
+    def coordinate(self, axes: Sequence[Modes]) -> tuple[bool, tuple[int, ...] | None]:
+        import torch.distributed as dist
+
+        mesh = self.mesh(axes)
+        if mesh is None:
+            return False, None
+        where = coordinate_of(mesh, dist.get_rank())
+        # Off a mesh with several instances torch raises in __init__: keep its error.
+        return (where is not None or mesh.num_instances == 1), where
+
+    def groups(
+        self,
+        axes: Sequence[Modes],
+        names: Sequence[str] | None,
+        configs: Sequence[tuple[Any, Any]],
+    ) -> list[GroupSpec] | None:
+        from .._runtime.realize import realize
+
+        named = tuple(names) if names else tuple(f"dim_{i}" for i in range(len(axes)))
+        mesh = self.mesh(axes, named)
+        if mesh is None or len(configs) != len(named):
+            return None  # torch raises its own error
+        backend = {n: b for n, (b, _) in zip(named, configs) if b is not None}
+        options = {n: o for n, (_, o) in zip(named, configs) if o is not None}
+        with realizing_torch_roots():
+            realized = realize(mesh, backend=backend or None, options=options or None)
+        if realized.coordinate is None:
+            return []
+        return [(pg.group_name, pg) for pg in (realized.groups[n] for n in named)]
+
+
+def space_for(mesh: Mesh) -> TorchSpace:
+    """The shared space of ``mesh``'s rank space, registered with the hook (which is
+    installed here, the first time fmesh makes a DeviceMesh)."""
+    wk = world_key(mesh)
+    with _lock:
+        space = _spaces.get(wk)
+    if space is None:
+        made = TorchSpace(mesh.index_size, mesh.rank_map)
+        with _lock:
+            space = _spaces.setdefault(wk, made)
+        if space is made:
+            register_space(space.tensor, space)
+    install()
+    return space
+
+
+def _reset() -> None:
+    with _lock:
+        _spaces.clear()
+
+
+on_reset(_reset)
+on_loss(_reset)
