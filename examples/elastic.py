@@ -12,14 +12,21 @@ on who is lost), drops the data-parallel replica that lost a rank with
 ``fmesh.shrink(mesh, lost, axis="dp")``, realizes the smaller mesh, re-wraps its local
 shards onto the new DeviceMesh (the dropped replica held copies only) and trains on::
 
-    python examples/elastic.py --nproc 4 --kill 1@2 --steps 8 --checkpoint /tmp/elastic
+    python examples/elastic.py --nproc 4 --kill 1@2 --steps 8
+
+The survivors wait ``recover``'s timeout (twice ``--timeout``) for the dead rank to check
+in. torch's store client logs the end of that wait as a warning on stderr,
+``[c10d] waitForInput: socket ... timed out after 10000ms``: expected, it is how the
+survivors learn that the rank is gone, and the example says so when it recovers.
 
 Ranks the smaller mesh leaves out are survivors still: they stand by and make the same
 ``realize`` and ``recover`` calls as non-members, as every survivor must (a survivor
 that stops making them is declared lost at the next recovery).
 
 Every ``--every`` steps, and at the end, the ranks of the current mesh save a DCP
-checkpoint of the DTensor state, with the mesh as JSON (``Mesh.to_json()``) and the step.
+checkpoint of the DTensor state, with the mesh as JSON (``Mesh.to_json()``) and the step,
+into ``--checkpoint DIR`` (default: a fresh temporary directory, which the launcher
+prints).
 
 **Restart** (``--resume``): a job restarted by torchrun on the ranks the saved mesh
 holds reads that mesh, numbers its ranks ``0..K-1`` in their order (the saved mesh may
@@ -27,7 +34,7 @@ hold old ranks such as ``[2, 3]``), optionally splits the same ranks another way
 (``--tp``), loads the checkpoint resharded onto it and trains on from the saved step::
 
     torchrun --standalone --nproc-per-node 2 examples/elastic.py \
-        --resume /tmp/elastic --steps 12 --tp 1
+        --resume DIR --steps 12 --tp 1
 
 Why the in-process mode has its own launcher: torchrun's agent stops every worker as
 soon as one fails (and, with ``--max-restarts``, starts the whole group again), so under
@@ -59,6 +66,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -399,6 +407,14 @@ def train_or_stand_by(args: argparse.Namespace) -> int:
             except FAILURES as err:
                 store.compare_set(f"{KEY}event/{recoveries}", "", "recover")
                 error = err
+                if first(realized):
+                    print(
+                        f"a collective failed: recovering; fmesh.recover waits "
+                        f"{2 * args.timeout:g}s for ranks that never check in (c10d "
+                        "logs the end of that wait as a 'waitForInput ... timed out' "
+                        "warning: expected)",
+                        flush=True,
+                    )
             else:
                 store.compare_set(f"{KEY}event/{recoveries}", "", "done")
                 dist.barrier(group=everyone.group("ranks"))  # done with every group
@@ -442,6 +458,9 @@ def report(
 def launch(args: argparse.Namespace) -> int:
     """Start ``--nproc`` workers with torchrun's environment; host their store here."""
     n: int = args.nproc
+    if args.checkpoint is None:
+        args.checkpoint = Path(tempfile.mkdtemp(prefix="fmesh-elastic-"))
+    print(f"launcher: checkpoints go to {args.checkpoint}", flush=True)
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     env = {
         **os.environ,
@@ -478,7 +497,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nproc", type=int, help="start this many ranks (in-process mode)")
     parser.add_argument("--resume", type=Path, help="restart from this checkpoint directory")
-    parser.add_argument("--checkpoint", type=Path, help="save checkpoints here")
+    parser.add_argument(
+        "--checkpoint",
+        "--checkpoint-dir",
+        type=Path,
+        help="save checkpoints here (--nproc default: a fresh temporary directory)",
+    )
     parser.add_argument("--steps", type=int, default=8, help="train up to this step")
     parser.add_argument(
         "--tp", type=int, help="tensor-parallel size (default 2; resume: as saved)"

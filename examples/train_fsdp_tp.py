@@ -82,6 +82,26 @@ def tp_plan(n_blocks: int) -> dict[str, ParallelStyle]:
     return plan
 
 
+def mesh_size_error(world: int, tp: int, dp: int | None, script: str) -> str:
+    """What to say when ``dp x tp`` is not the world size: what was given, two fixes."""
+    fits = ", ".join(str(t) for t in range(1, world + 1) if world % t == 0)
+    if dp is None:  # dp defaults to world // tp: only --tp was given (or its default)
+        nproc = tp * max(world // tp, 1)
+        return (
+            f"--tp {tp} does not divide the world size {world} (torchrun's "
+            f"--nproc-per-node); launch a multiple of {tp} processes, e.g. torchrun "
+            f"--standalone --nproc-per-node {nproc} {script} --tp {tp}, or keep "
+            f"{world} processes and pass a --tp that divides {world}: {fits}"
+        )
+    return (
+        f"--dp {dp} x --tp {tp} is {dp * tp} ranks, but the world size is {world} "
+        f"(torchrun's --nproc-per-node); launch {dp * tp} processes: torchrun "
+        f"--standalone --nproc-per-node {dp * tp} {script} --dp {dp} --tp {tp}, or keep "
+        f"{world} processes and pick --dp and --tp whose product is {world} "
+        f"(--tp one of {fits}, and --dp {world} // tp)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=15)
@@ -93,10 +113,7 @@ def main() -> int:
     tp: int = args.tp
     dp: int = args.dp if args.dp is not None else max(world // tp, 1)
     if dp * tp != world:
-        parser.error(
-            f"--dp {dp} x --tp {tp} must equal the world size {world}; launch with "
-            f"torchrun --standalone --nproc-per-node {dp * tp} {sys.argv[0]}"
-        )
+        parser.error(mesh_size_error(world, tp, args.dp, sys.argv[0]))
 
     # Pure and identical on every rank: a value, no process groups yet.
     world_mesh = fmesh.make_mesh({"world": world})

@@ -243,11 +243,12 @@ def run_spawn(
 
 
 def run_command(
-    cmd: Sequence[str], cwd: Path, timeout: float
+    cmd: Sequence[str], cwd: Path, timeout: float, env: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     """Run a launcher command (torchrun, an example's own launcher) and its ranks;
     (the completed process, seconds). Past ``timeout`` every process of it is killed
-    (its own session) and the test fails with what it printed."""
+    (its own session) and the test fails with what it printed. ``env``: the whole
+    environment (default: this process's)."""
     import pytest
 
     start = time.monotonic()
@@ -257,6 +258,7 @@ def run_command(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
         start_new_session=True,
     ) as child:
         try:

@@ -288,6 +288,14 @@ def test_plan_2_to_the_20_ranks_with_a_reordered_flatten() -> None:
     assert "gloo communicator" in out
 
 
+def test_plan_says_it_imports_torch_first() -> None:
+    # Most of plan's wall time is importing torch: a phase line on stderr says so.
+    result = run_cli("plan", "--world", "8", "dp=2,tp=4")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == ["fmesh plan: importing torch ..."]
+    assert "process groups:" in result.stdout
+
+
 def test_plan_non_member_of_a_sub_world() -> None:
     out = ok("plan", "--world", "24", "dp=2,tp=4", "--rank", "20")
     assert "ranks 8..23 of the world are not members" in out

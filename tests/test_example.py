@@ -6,6 +6,7 @@ exist), and checks what rank 0 printed against fmesh's pure queries.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -52,3 +53,33 @@ def test_train_fsdp_tp_loss_falls() -> None:
     expected = {axis: fmesh.group(mesh, axis, 0) for axis in mesh.axis_names}
     assert printed == expected
     assert f"mesh: {mesh!r}" in proc.stdout
+
+
+def test_a_wrong_process_count_says_what_was_given_and_both_fixes() -> None:
+    # The example checks the world size before it starts any process group, so
+    # WORLD_SIZE alone stands in for torchrun here.
+    script = "examples/train_fsdp_tp.py"
+    env = {**os.environ, "WORLD_SIZE": "3"}
+    cases = {
+        (): [
+            "--tp 2 does not divide the world size 3 (torchrun's --nproc-per-node)",
+            f"torchrun --standalone --nproc-per-node 2 {script} --tp 2",
+            "pass a --tp that divides 3: 1, 3",
+        ],
+        ("--dp", "2", "--tp", "2"): [
+            "--dp 2 x --tp 2 is 4 ranks, but the world size is 3",
+            f"torchrun --standalone --nproc-per-node 4 {script} --dp 2 --tp 2",
+            "pick --dp and --tp whose product is 3",
+        ],
+    }
+    for args, needles in cases.items():
+        proc = subprocess.run(
+            [sys.executable, script, *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        message = proc.stderr.partition("error: ")[2]  # after argparse's usage line
+        for needle in needles:
+            assert needle in message, message
+        if not args:
+            assert "--dp" not in message  # a flag the user never gave

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import os
 import re
 import signal
 import subprocess
@@ -37,8 +38,10 @@ TIMEOUT = "3"
 JOB_TIMEOUT_S = 180
 
 
-def _run(cmd: list[str]) -> tuple[subprocess.CompletedProcess[str], float]:
-    return run_command(cmd, ROOT, JOB_TIMEOUT_S)
+def _run(
+    cmd: list[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    return run_command(cmd, ROOT, JOB_TIMEOUT_S, env)
 
 
 def _steps(stdout: str) -> list[tuple[int, float, str]]:
@@ -100,14 +103,19 @@ SHRUNK = fmesh.shrink(MESH, {KILLED}, axis="dp")
 def inprocess(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[subprocess.CompletedProcess[str], Path, float]:
-    """The in-process job: NPROC ranks, one SIGKILLed at KILL_STEP; its checkpoints."""
-    checkpoint = tmp_path_factory.mktemp("elastic") / "checkpoint"
+    """The in-process job: NPROC ranks, one SIGKILLed at KILL_STEP; its checkpoints,
+    in the fresh temporary directory the launcher makes by default (under TMPDIR)."""
+    tmp = tmp_path_factory.mktemp("elastic")
     cmd = [
         sys.executable, str(EXAMPLE), "--nproc", str(NPROC), "--tp", str(TP),
         "--kill", f"{KILLED}@{KILL_STEP}", "--steps", str(STEPS), "--every", str(EVERY),
-        "--checkpoint", str(checkpoint), "--timeout", TIMEOUT,
+        "--timeout", TIMEOUT,
     ]  # fmt: skip
-    proc, elapsed = _run(cmd)
+    proc, elapsed = _run(cmd, env={**os.environ, "TMPDIR": str(tmp)})
+    printed = re.search(r"^launcher: checkpoints go to (.+)$", proc.stdout, re.M)
+    assert printed is not None, proc.stdout + proc.stderr
+    checkpoint = Path(printed.group(1))
+    assert checkpoint.parent == tmp and checkpoint.name.startswith("fmesh-elastic-")
     return proc, checkpoint, elapsed
 
 
@@ -124,6 +132,14 @@ def test_survivors_of_a_killed_rank_train_on_in_process(
     assert left_out  # the killed rank's replica partner: a survivor out of the mesh
     for rank in left_out:
         assert f"rank {rank}: not in {SHRUNK!r}; standing by" in proc.stdout, output
+    # recover's wait for the dead rank ends in c10d's socket-timeout warning on stderr;
+    # the example says so first.
+    recovering = proc.stdout.index(
+        f"a collective failed: recovering; fmesh.recover waits {2 * float(TIMEOUT):g}s "
+        "for ranks that never check in (c10d logs the end of that wait as a "
+        "'waitForInput ... timed out' warning: expected)"
+    )
+    assert recovering < proc.stdout.index("recovered: lost ranks"), output
 
     # Every step once, on the full mesh before the kill and on the shrunk one from it;
     # the step that failed ran again on the shrunk mesh, from the same weights.

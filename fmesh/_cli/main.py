@@ -118,6 +118,9 @@ def plan(
         raise CliError(
             f"--rank {rank} is not in the world of {world} ranks; expected 0..{world - 1}"
         )
+    if "torch" not in sys.modules:
+        # Importing torch is most of the wall time (seconds); the plan itself takes ms.
+        print("fmesh plan: importing torch ...", file=sys.stderr, flush=True)
     from .dry_run import known_backends, plan_text
 
     known = known_backends()
