@@ -1,6 +1,6 @@
 """Training on meshes built the torchtitan way, through fmesh's one-import change.
 
-torchtitan's ``ParallelDims.build_mesh`` calls (``build`` in test_torch_routing.py)
+torchtitan's ``ParallelDims.build_mesh`` calls (``build`` in titan_recipe.py)
 with ``fmesh.device_mesh.init_device_mesh`` in place of torch's, then what a
 trainer does with the meshes: DTensor, tensor parallel, FSDP2 (``reshard_after_forward``
 as a bool and as an int), HSDP, DCP save/load and ``torch.compile(fullgraph=True)``
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from _dist import run_spawn
-from test_torch_routing import CONFIG, OTHER, _count_new_group, build
+from titan_recipe import CONFIG, OTHER, build, count_new_group
 
 import fmesh
 
@@ -237,7 +237,7 @@ def training_job(rank: int, world: int, tmp: Path) -> dict[str, Any]:
     from fmesh.device_mesh import init_device_mesh
 
     dist.init_process_group("gloo")
-    new_groups = _count_new_group()
+    new_groups = count_new_group()
     out = {"torch": _steps("torch", torch_init, tmp, new_groups)}
     dist.barrier()  # torch's checkpoint is complete on every rank
     out["fmesh"] = _steps("fmesh", init_device_mesh, tmp, new_groups)

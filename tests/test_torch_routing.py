@@ -13,81 +13,21 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from _dist import run_spawn
+from titan_recipe import (
+    CONFIG,
+    OTHER,
+    WORLD,
+    build,
+    count_new_group,
+    fmesh_views,
+    register_fake,
+)
 
 import fmesh
 from bench.counting import CountingStore, agree_call, delta, per_call
-
-WORLD = 4
-
-# (pp, dp_replicate, dp_shard, cp, tp): torchtitan's dims, on 4 ranks.
-CONFIG = (1, 1, 2, 1, 2)
-OTHER = (1, 2, 2, 1, 1)
-
-
-def build(init: Any, config: tuple[int, ...]) -> dict[str, Any]:
-    """ParallelDims.build_mesh's calls (torchtitan, spmd_types branch), through
-    ``init``: a 1-d world, unflattened into its views ("fake" for size-1 dims), a
-    flattened loss mesh and the single-axis slices. Returns the meshes by name."""
-    _register_fake()
-    pp, dp_replicate, dp_shard, cp, tp = config
-    world = init("cpu", (WORLD,), mesh_dim_names=("world",))
-
-    def unflatten(names: tuple[str, ...], sizes: tuple[int, ...]) -> Any:
-        fake = {n: "fake" for n, s in zip(names, sizes) if s == 1 and n != "dp_shard"}
-        return world._unflatten(0, sizes, names, backend_override=fake)
-
-    batch = dp_replicate * dp_shard
-    loading = unflatten(("pp", "batch", "cp", "tp"), (pp, batch, cp, tp))
-    loss = loading["batch", "cp"]._flatten("loss_mesh")
-    dense = unflatten(
-        ("pp", "dp_replicate", "dp_shard", "cp", "tp"), (pp, dp_replicate, dp_shard, cp, tp)
-    )
-    fwdbwd = unflatten(("pp", "dp", "cp", "tp"), (pp, batch, cp, tp))["dp", "cp", "tp"]
-    return {
-        "world": world,
-        "pp": loading["pp"],
-        "batch": loading["batch"],
-        "loss": loss,
-        "cp": loading["cp"],
-        "tp": loading["tp"],
-        "dp_replicate": dense["dp_replicate"],
-        "dp_shard": dense["dp_shard"],
-        "dp": fwdbwd["dp"],
-        "dense": dense,
-    }
-
-
-def _register_fake() -> None:
-    """The "fake" backend torchtitan asks for disabled dims (registered on import)."""
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401
-
-
-def fmesh_views(config: tuple[int, ...]) -> list[tuple[fmesh.Mesh, dict[str, str]]]:
-    """The same views with fmesh's own API, and the backends ``build`` asks for."""
-    pp, dp_replicate, dp_shard, cp, tp = config
-    world = fmesh.make_mesh({"world": WORLD})
-    batch = dp_replicate * dp_shard
-
-    def view(
-        names: tuple[str, ...], sizes: tuple[int, ...]
-    ) -> tuple[fmesh.Mesh, dict[str, str]]:
-        fake = {n: "fake" for n, s in zip(names, sizes) if s == 1 and n != "dp_shard"}
-        return fmesh.unflatten(world, "world", dict(zip(names, sizes))), fake
-
-    loading = view(("pp", "batch", "cp", "tp"), (pp, batch, cp, tp))
-    return [
-        (world, {}),
-        loading,
-        (fmesh.flatten(loading[0]["batch", "cp"], ("batch", "cp"), "loss_mesh"), {}),
-        view(
-            ("pp", "dp_replicate", "dp_shard", "cp", "tp"),
-            (pp, dp_replicate, dp_shard, cp, tp),
-        ),
-        view(("pp", "dp", "cp", "tp"), (pp, batch, cp, tp)),
-    ]
 
 
 def _facts(meshes: dict[str, Any]) -> dict[str, Any]:
@@ -115,31 +55,13 @@ def _counted_world(rank: int, world: int) -> tuple[Any, CountingStore]:
     return raw, store
 
 
-def _count_new_group() -> list[int]:
-    """Count torch's ``new_group`` calls from here on (fmesh makes none)."""
-    import torch.distributed as dist
-    from torch.distributed import device_mesh, distributed_c10d
-
-    calls = [0]
-    previous = dist.new_group
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        return previous(*args, **kwargs)
-
-    # DeviceMesh calls the name it imported from distributed_c10d.
-    dist.new_group = distributed_c10d.new_group = counting
-    cast(Any, device_mesh).new_group = counting
-    return calls
-
-
 def titan_job(rank: int, world: int) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh as torch_init
 
     from fmesh.device_mesh import init_device_mesh
 
     raw, store = _counted_world(rank, world)
-    new_groups = _count_new_group()
+    new_groups = count_new_group()
     out: dict[str, Any] = {"torch": _facts(build(torch_init, CONFIG))}
     torch_new_groups = new_groups[0]
     new_groups[0] = 0
@@ -174,7 +96,7 @@ def titan_job(rank: int, world: int) -> dict[str, Any]:
 
 def api_job(rank: int, world: int) -> dict[str, Any]:
     """fmesh's own API on the same views, in fresh processes: the groups it creates."""
-    _register_fake()
+    register_fake()
     store = _counted_world(rank, world)  # held: torch keeps no Python reference to it
     created = sum(fmesh.realize(m, backend=b or None).created for m, b in fmesh_views(CONFIG))
     del store
@@ -266,7 +188,7 @@ def torch_untouched_job(rank: int, world: int) -> dict[str, Any]:
     from fmesh.device_mesh import init_device_mesh
 
     init_device_mesh("cpu", (WORLD,), mesh_dim_names=("world",))  # installs the hook
-    new_groups = _count_new_group()
+    new_groups = count_new_group()
     created = fmesh.cache_stats().created
     theirs = torch_init("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     flat = theirs._flatten("dp_tp_flat")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from _dist import run_spawn
-from test_torch_routing import _count_new_group
+from titan_recipe import count_new_group
 
 import fmesh
 from fmesh._compat.hook import supported
@@ -72,7 +72,7 @@ def big_world_job(_: int, __: int) -> dict[str, Any]:
 
     fmesh.init_fake_world(BIG, RANK)
     theirs = _answers(titan_views(torch_init, BIG))
-    new_groups = _count_new_group()
+    new_groups = count_new_group()
     created = fmesh.cache_stats().created
     views = titan_views(init_device_mesh, BIG)
     flat = views["root"]._flatten_rank_map
@@ -112,7 +112,7 @@ def stepping_aside_job(_: int, __: int, how: str) -> dict[str, Any]:
         config: Any = importlib.import_module("torch.distributed.config")
         config.use_torchcomms = True
     root = init_device_mesh("cpu", (64,), mesh_dim_names=("world",))
-    new_groups = _count_new_group()
+    new_groups = count_new_group()
     created = fmesh.cache_stats().created
     mesh = root._unflatten(0, (4, 16), ("dp", "tp"))
     tp = mesh["tp"]

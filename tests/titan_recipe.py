@@ -1,0 +1,105 @@
+"""torchtitan's ``ParallelDims.build_mesh`` as a sequence of torch DeviceMesh calls,
+shared by the tests that run it through torch and through fmesh's drop-in."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import fmesh
+
+__all__ = [
+    "CONFIG",
+    "OTHER",
+    "WORLD",
+    "build",
+    "count_new_group",
+    "fmesh_views",
+    "register_fake",
+]
+
+WORLD = 4
+
+# (pp, dp_replicate, dp_shard, cp, tp): torchtitan's dims, on 4 ranks.
+CONFIG = (1, 1, 2, 1, 2)
+OTHER = (1, 2, 2, 1, 1)
+
+
+def build(init: Any, config: tuple[int, ...]) -> dict[str, Any]:
+    """ParallelDims.build_mesh's calls (torchtitan, spmd_types branch), through
+    ``init``: a 1-d world, unflattened into its views ("fake" for size-1 dims), a
+    flattened loss mesh and the single-axis slices. Returns the meshes by name."""
+    register_fake()
+    pp, dp_replicate, dp_shard, cp, tp = config
+    world = init("cpu", (WORLD,), mesh_dim_names=("world",))
+
+    def unflatten(names: tuple[str, ...], sizes: tuple[int, ...]) -> Any:
+        fake = {n: "fake" for n, s in zip(names, sizes) if s == 1 and n != "dp_shard"}
+        return world._unflatten(0, sizes, names, backend_override=fake)
+
+    batch = dp_replicate * dp_shard
+    loading = unflatten(("pp", "batch", "cp", "tp"), (pp, batch, cp, tp))
+    loss = loading["batch", "cp"]._flatten("loss_mesh")
+    dense = unflatten(
+        ("pp", "dp_replicate", "dp_shard", "cp", "tp"), (pp, dp_replicate, dp_shard, cp, tp)
+    )
+    fwdbwd = unflatten(("pp", "dp", "cp", "tp"), (pp, batch, cp, tp))["dp", "cp", "tp"]
+    return {
+        "world": world,
+        "pp": loading["pp"],
+        "batch": loading["batch"],
+        "loss": loss,
+        "cp": loading["cp"],
+        "tp": loading["tp"],
+        "dp_replicate": dense["dp_replicate"],
+        "dp_shard": dense["dp_shard"],
+        "dp": fwdbwd["dp"],
+        "dense": dense,
+    }
+
+
+def register_fake() -> None:
+    """The "fake" backend torchtitan asks for disabled dims (registered on import)."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401
+
+
+def fmesh_views(config: tuple[int, ...]) -> list[tuple[fmesh.Mesh, dict[str, str]]]:
+    """The same views with fmesh's own API, and the backends ``build`` asks for."""
+    pp, dp_replicate, dp_shard, cp, tp = config
+    world = fmesh.make_mesh({"world": WORLD})
+    batch = dp_replicate * dp_shard
+
+    def view(
+        names: tuple[str, ...], sizes: tuple[int, ...]
+    ) -> tuple[fmesh.Mesh, dict[str, str]]:
+        fake = {n: "fake" for n, s in zip(names, sizes) if s == 1 and n != "dp_shard"}
+        return fmesh.unflatten(world, "world", dict(zip(names, sizes))), fake
+
+    loading = view(("pp", "batch", "cp", "tp"), (pp, batch, cp, tp))
+    return [
+        (world, {}),
+        loading,
+        (fmesh.flatten(loading[0]["batch", "cp"], ("batch", "cp"), "loss_mesh"), {}),
+        view(
+            ("pp", "dp_replicate", "dp_shard", "cp", "tp"),
+            (pp, dp_replicate, dp_shard, cp, tp),
+        ),
+        view(("pp", "dp", "cp", "tp"), (pp, batch, cp, tp)),
+    ]
+
+
+def count_new_group() -> list[int]:
+    """Count torch's ``new_group`` calls from here on (fmesh makes none)."""
+    import torch.distributed as dist
+    from torch.distributed import device_mesh, distributed_c10d
+
+    calls = [0]
+    previous = dist.new_group
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return previous(*args, **kwargs)
+
+    # DeviceMesh calls the name it imported from distributed_c10d.
+    dist.new_group = distributed_c10d.new_group = counting
+    cast(Any, device_mesh).new_group = counting
+    return calls
