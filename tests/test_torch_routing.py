@@ -39,6 +39,8 @@ def _facts(meshes: dict[str, Any]) -> dict[str, Any]:
             dm.get_coordinate(),
             [tuple(dist.get_process_group_ranks(g)) for g in dm.get_all_groups()],
             [dm.get_local_rank(i) for i in range(dm.ndim)],
+            # backend_override is honoured: the "fake" dims get fake groups.
+            [str(dist.get_backend(g)) for g in dm.get_all_groups()],
         )
         for name, dm in meshes.items()
     }
