@@ -71,6 +71,11 @@ def main(argv: list[str]) -> int:
         print(
             f"{name}: {counts['PASSED']} passed, {counts['FAILED'] + counts['ERROR']} failed"
         )
+    if not any(r == "PASSED" for r in plain.values()):
+        # A file that does not load (e.g. one written for another torch) runs nothing:
+        # that is no evidence, so it must not read as a pass.
+        print(f"no test passed on plain torch: see {plain_file.stem}.log")
+        return 1
     lost = sorted(t for t, r in plain.items() if r == "PASSED" and dropin.get(t) != "PASSED")
     for test in lost:
         print(f"passes on plain torch only: {test} ({dropin.get(test, 'not run')})")
