@@ -97,10 +97,16 @@ def register_space(rank_map: torch.Tensor, space: Space) -> None:
     through ``space``."""
     key = id(rank_map)
 
-    def forget(ref: weakref.ref[torch.Tensor], key: int = key) -> None:
-        with _lock:
-            if key in _spaces and _spaces[key][0] is ref:
-                del _spaces[key]
+    # Bound now: at interpreter exit the module's globals may already be gone.
+    def forget(
+        ref: weakref.ref[torch.Tensor],
+        key: int = key,
+        lock: threading.Lock = _lock,
+        spaces: dict[int, tuple[weakref.ref[torch.Tensor], Space]] = _spaces,
+    ) -> None:
+        with lock:
+            if key in spaces and spaces[key][0] is ref:
+                del spaces[key]
 
     with _lock:
         _spaces[key] = (weakref.ref(rank_map, forget), space)
