@@ -17,6 +17,9 @@ One module per subject, each declaring its rows as data:
 * :mod:`bench.dropin` -- ``fmesh.device_mesh.init_device_mesh`` against torch's
   ``init_device_mesh``: the first call and the same call again (fake and gloo);
 * :mod:`bench.memory` -- size of a mesh value and of a realized mesh;
+* :mod:`bench.titan` -- torchtitan's ``ParallelDims.build_mesh`` through the
+  one-import change (fmesh's ``init_device_mesh``, torch's methods after it)
+  against torch (fake and gloo); ``python -m bench --section titan`` alone;
 
 with :mod:`bench.shared` (shapes, rows, timing, formatting), :mod:`bench.launch`
 (fresh processes), :mod:`bench.counting` (store requests as they go on the wire),

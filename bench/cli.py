@@ -7,6 +7,13 @@
     python -m bench --smoke    # tiny sizes, every code path once -> bench/out/smoke.*
     python -m bench --render   # re-render results.md and docs/benchmarks.md from results.json
     python -m bench --check    # exit 1 unless both are what results.json renders
+    python -m bench --section titan   # one section (a module's name) -> see below
+
+``--section NAME`` runs the sections of module ``bench.NAME`` alone. At full size it
+replaces that module's rows in the committed ``results.json`` (appended when they are
+new), notes the run in the results' machine info, and re-renders ``results.md`` and
+``docs/benchmarks.md`` from the merged file; with ``--quick``, ``--smoke`` or
+``--out`` it writes ``<mode>-<NAME>.*`` to the output folder instead.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from . import dropin, elastic, fake, gloo, hits, memory, pure, report, store_load
+from . import dropin, elastic, fake, gloo, hits, memory, pure, report, store_load, titan
 from .launch import WorkerError
 from .shared import SHAPES, Bench, Json, Mode, expert_shape
 
@@ -96,7 +103,13 @@ SECTIONS: tuple[Callable[[Bench], None], ...] = (
     dropin.section,
     elastic.section,
     memory.section,
+    titan.section,
 )
+
+
+def section_name(section: Callable[[Bench], None]) -> str:
+    """The name ``--section`` selects a section by: its module's (``titan``)."""
+    return section.__module__.rpartition(".")[2]
 
 
 def machine_info(mode: Mode) -> Json:
@@ -121,13 +134,20 @@ def machine_info(mode: Mode) -> Json:
     }
 
 
-def measure(mode: Mode, log: Callable[[str], None]) -> tuple[Json, list[str]]:
-    """Run every section; the results payload and the sections that failed."""
+def measure(
+    mode: Mode, log: Callable[[str], None], only: str | None = None
+) -> tuple[Json, list[str]]:
+    """Run every section (or those of module ``only``); the results payload and the
+    sections that failed."""
     started = time.perf_counter()
     info = machine_info(mode)
+    if only is not None:
+        info["command"] += f" --section {only}"
     b = Bench(mode, log)
     errors: list[str] = []
     for section in SECTIONS:
+        if only is not None and section_name(section) != only:
+            continue
         try:
             section(b)
         except WorkerError as err:  # keep the other sections' results; exit 1
@@ -148,6 +168,40 @@ def measure(mode: Mode, log: Callable[[str], None]) -> tuple[Json, list[str]]:
         "raw": b.raw,
     }
     return payload, errors
+
+
+def merge(committed: Json, part: Json, only: str) -> Json:
+    """``committed`` with the rows and raw results of a ``--section only`` run.
+
+    The part's rows replace those of the same sections (in place; appended when new),
+    and the run is recorded in ``machine["merged"]``.
+    """
+    new_rows: list[Json] = part["rows"]
+    sections = {r["section"] for r in new_rows}
+    rows: list[Json] = []
+    placed = False
+    for row in committed["rows"]:
+        if row["section"] in sections:
+            if not placed:
+                rows.extend(new_rows)
+                placed = True
+            continue
+        rows.append(row)
+    if not placed:
+        rows.extend(new_rows)
+    m = part["machine"]
+    run = {k: m[k] for k in ("command", "date", "seconds", "loadavg_start", "loadavg_end")}
+    run["torch"], run["fmesh"] = m["torch"], m["fmesh"]
+    machine = dict(committed["machine"])
+    earlier = [r for r in machine.get("merged", []) if r["command"] != run["command"]]
+    machine["merged"] = [*earlier, run]
+    return {
+        **committed,
+        "machine": machine,
+        "rows": rows,
+        "raw": {**committed["raw"], **part["raw"]},
+        "errors": [*committed["errors"], *part["errors"]],
+    }
 
 
 def write(payload: Json, json_path: Path, page: Path | None) -> list[Path]:
@@ -201,6 +255,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="exit 1 unless results.md, docs/benchmarks.md are rendered",
     )
     parser.add_argument(
+        "--section",
+        choices=sorted({section_name(s) for s in SECTIONS}),
+        default=None,
+        help="run one module's sections; at full size, merge them into the committed "
+        "results and re-render",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -226,11 +287,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - started:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
-    payload, errors = measure(mode, log)
+    payload, errors = measure(mode, log, args.section)
     # A failed full run does not replace the committed results: it goes to bench/out/.
     committed = mode.name == "full" and args.out is None and not errors
     folder: Path = HERE if committed else (args.out or OUT)
-    json_path = folder / ("results.json" if committed else f"{mode.name}.json")
+    stem = mode.name if args.section is None else f"{mode.name}-{args.section}"
+    json_path = folder / ("results.json" if committed else f"{stem}.json")
+    if committed and args.section is not None:
+        payload = merge(report.load(RESULTS), payload, args.section)
     for path in write(payload, json_path, PAGE if committed else None):
         log(f"wrote {path}")
     print(report.results_md(payload))

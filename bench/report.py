@@ -74,7 +74,18 @@ def caption(payload: Json) -> str:
         f"and the expert view {shape_str(EXPERT_NAMES)} = "
         f"{shape_str(payload['expert_shape'])}, flattens batch, loss and fsdp of the "
         f"dense one. Memo hits: the 3-axis mesh {shape_str(('dp', 'fsdp', 'tp'))} = "
-        f"{shape_str(('(pp·dp_replicate)', '(dp_shard·cp)', 'tp'))} of each shape.*"
+        f"{shape_str(('(pp·dp_replicate)', '(dp_shard·cp)', 'tp'))} of each shape."
+        f"{merged(m)}*"
+    )
+
+
+def merged(machine: Json) -> str:
+    """A sentence per section run merged into the results (``--section``), if any."""
+    return "".join(
+        f" Rows of `{r['command']}` (fmesh {r['fmesh']}, torch {r['torch']}): that run, "
+        f"{r['date'][:10]}, load average {r['loadavg_start'][0]:.1f} at the start and "
+        f"{r['loadavg_end'][0]:.1f} at the end."
+        for r in machine.get("merged", [])
     )
 
 
@@ -228,7 +239,33 @@ def prose(payload: Json, rows: list[Row], shown: list[Row]) -> list[str]:
     out.extend(_store_prose(q))
     out.extend(_dropin_prose(q))
     out.extend(elastic_prose(q.get("elastic.recovery.seconds")))
+    out.extend(_titan_prose(q))
     return out
+
+
+def _titan_prose(q: Finder) -> list[str]:
+    row = q.get("titan.fake.seconds")
+    if row is None:
+        return []
+    k = "titan.fake.seconds"
+    fake = _and([world_str(w) for w in q.sizes(k)])
+    text = (
+        "torchtitan's `ParallelDims.build_mesh` (its calls rewritten in `bench/titan.py`) "
+        "with `fmesh.device_mesh.init_device_mesh` in place of torch's, every other call "
+        f"torch's own `DeviceMesh` method: on the fake backend at {fake} ranks it takes "
+        f"{_each(q, k, 'f')} against {_each(q, k, 't')} with torch's "
+        f"({_each(q, k, 'ratio')}); at {row.world} ranks the rank makes "
+        f"{q.f('titan.fake.new_group')} torch `new_group` calls (torch "
+        f"{q.t('titan.fake.new_group')}) and constructs {q.f('titan.fake.groups')} "
+        f"process groups (torch {q.t('titan.fake.groups')})."
+    )
+    g = "titan.gloo.seconds"
+    if q.sizes(g):
+        text += (
+            f" On real gloo at {_and([str(w) for w in q.sizes(g)])} ranks: "
+            f"{_each(q, g, 'f')} against {_each(q, g, 't')} (slowest rank)."
+        )
+    return [text]
 
 
 def _and(items: list[str]) -> str:

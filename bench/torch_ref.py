@@ -8,9 +8,10 @@ one of these names breaks one file.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .shared import EXPERT_NAMES, FLATTENS, NAMES, TRAINER_FLATTENS, expert_shape
@@ -86,8 +87,18 @@ def flatten(dm: DeviceMesh, axes: tuple[str, ...], name: str) -> DeviceMesh:
     return dm[axes]._flatten(name)
 
 
-def unflatten(dm: DeviceMesh, sizes: Sequence[int], names: Sequence[str]) -> DeviceMesh:
-    return dm._unflatten(0, tuple(sizes), tuple(names))
+def unflatten(
+    dm: DeviceMesh,
+    sizes: Sequence[int],
+    names: Sequence[str],
+    backend_override: Mapping[str, str] | None = None,
+) -> DeviceMesh:
+    """``dm._unflatten(0, ...)``; ``backend_override`` is passed on when given (as
+    torchtitan passes it, possibly empty)."""
+    if backend_override is None:
+        return dm._unflatten(0, tuple(sizes), tuple(names))
+    override: dict[str, Any] = dict(backend_override)
+    return dm._unflatten(0, tuple(sizes), tuple(names), backend_override=override)
 
 
 def clear_flattens(dm: DeviceMesh) -> None:
@@ -159,6 +170,52 @@ def group_counters() -> tuple[int, int]:
     from torch.distributed import distributed_c10d as c10d
 
     return len(c10d._world.pg_names), c10d._world.group_count
+
+
+@contextlib.contextmanager
+def counting_group_creation() -> Iterator[dict[str, int]]:
+    """Count, while inside, torch ``new_group`` calls and process groups constructed.
+
+    ``new_group`` is wrapped where torch binds it: ``torch.distributed``,
+    ``distributed_c10d`` and ``device_mesh`` (which imports it by name). Every group,
+    whoever asks for it, is constructed by ``distributed_c10d._new_process_group_helper``;
+    its calls that return a group count as ``groups`` (a rank outside the group gets
+    torch's non-member sentinel instead, counted in ``non_member``).
+    """
+    import torch.distributed as dist
+    from torch.distributed import device_mesh as dm_mod
+    from torch.distributed import distributed_c10d as c10d
+
+    counts = {"new_group": 0, "groups": 0, "non_member": 0}
+    saved: list[tuple[object, str, object]] = []
+
+    def patch(owner: object, name: str, wrapper: Callable[..., Any]) -> None:
+        if hasattr(owner, name):
+            saved.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, wrapper)
+
+    real_new_group = c10d.new_group
+    real_helper = c10d._new_process_group_helper
+
+    def new_group(*args: Any, **kwargs: Any) -> Any:
+        counts["new_group"] += 1
+        return real_new_group(*args, **kwargs)
+
+    def helper(*args: Any, **kwargs: Any) -> Any:
+        result = real_helper(*args, **kwargs)
+        pg = result[0] if isinstance(result, tuple) else result
+        counts["groups" if isinstance(pg, dist.ProcessGroup) else "non_member"] += 1
+        return result
+
+    for module in (dist, c10d, dm_mod):
+        if getattr(module, "new_group", None) is real_new_group:
+            patch(module, "new_group", new_group)
+    patch(c10d, "_new_process_group_helper", helper)
+    try:
+        yield counts
+    finally:
+        for where, name, value in reversed(saved):
+            setattr(where, name, value)
 
 
 def host_store(world: int, timeout: datetime.timedelta) -> TCPStore:

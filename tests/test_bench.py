@@ -41,6 +41,8 @@ SECTIONS = {
     "drop-in (gloo)",
     "elastic (gloo)",
     "memory",
+    "torchtitan (fake)",
+    "torchtitan (gloo)",
 }
 EXTRAPOLATED = {2**17, 2**20}
 """World sizes the store load is extrapolated to."""
@@ -138,6 +140,9 @@ def test_every_benchmark_at_every_size(smoke: dict[str, Any]) -> None:
             assert seen == gloo, (key, seen)
         elif key.startswith("fake.hit"):
             assert seen == worlds, (key, seen)
+        elif key.startswith("titan."):
+            backend = key.split(".")[1]
+            assert seen == {int(w) for w in smoke["raw"]["titan"][backend]}, (key, seen)
         elif key == "store.cpu_per_call_extrapolated":
             assert seen == EXTRAPOLATED, (key, seen)
         elif key.startswith("store."):
@@ -243,3 +248,103 @@ def test_benchmark_page_rows_are_rows_of_the_full_table() -> None:
     full = (BENCH / "results.md").read_text().splitlines()
     assert len(rows) > 10
     assert [row for row in rows if row not in full] == []
+
+
+def test_titan_rows_check_that_both_libraries_built_the_same_meshes(
+    smoke: dict[str, Any],
+) -> None:
+    titan = smoke["raw"]["titan"]
+    assert titan["same_meshes"] and all(titan["same_meshes"].values()), titan["same_meshes"]
+    rows = {(r["key"], r["ranks"]): r for r in smoke["rows"] if r["key"].startswith("titan.")}
+    for (key, _), row in rows.items():
+        if key.endswith((".new_group", ".groups")):
+            assert row["torch"] > 0, row  # torch's recipe makes groups on every rank
+
+
+_TITAN_SCRIPT = """
+import json, sys
+import torch.distributed as dist
+import fmesh
+from bench import titan, torch_ref
+out = {}
+for impl in ("torch", "fmesh"):
+    torch_ref.init_fake(64)
+    with torch_ref.counting_group_creation() as counts:
+        meshes = titan.build_mesh(titan.init_device_mesh_of(impl), 64, titan.CONFIGS[64])
+    out[impl] = {"meshes": titan.describe(meshes), "counts": dict(counts)}
+    del meshes
+    fmesh.destroy()
+    dist.destroy_process_group()
+json.dump(out, sys.stdout)
+"""
+
+
+def test_titan_recipe_builds_the_same_meshes_with_torch_and_fmesh() -> None:
+    # torchtitan's build_mesh, rewritten in bench/titan.py, on a 64-rank fake world:
+    # torch's init_device_mesh and fmesh's give the same ranks, local ranks and groups.
+    proc = subprocess.run(
+        [sys.executable, "-c", _TITAN_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout)
+    torch_side, fmesh_side = out["torch"]["meshes"], out["fmesh"]["meshes"]
+    assert set(torch_side) >= {"world", "dataloading", "loss", "1d/dp", "1d/efsdp"}
+    assert fmesh_side == torch_side
+    # pp=2 x batch=8 x cp=2 x tp=2: loss = batch x cp, 16 ranks at stride tp.
+    assert torch_side["1d/loss"]["group"] == list(range(0, 32, 2))
+    assert out["torch"]["counts"]["new_group"] > 0
+
+
+def test_titan_configs_are_valid_parallel_dims() -> None:
+    from bench import titan
+
+    for world, config in titan.CONFIGS.items():
+        c = config.resolved(world)
+        assert c.pp * c.dp_replicate * c.dp_shard * c.cp * c.tp == world
+        assert (c.dp_shard * c.cp * c.tp) % c.ep == 0
+    for plan in titan.PLANS.values():
+        assert set(plan.fake) | set(plan.gloo) <= set(titan.CONFIGS)
+
+
+def test_a_section_run_merges_into_the_committed_results() -> None:
+    from bench.cli import merge
+
+    def row(key: str, section: str) -> dict[str, Any]:
+        return {"key": key, "section": section}
+
+    machine = {"command": "python -m bench", "date": "2026-01-01T00:00:00+00:00"}
+    committed = {
+        "machine": machine,
+        "rows": [row("a", "A"), row("t.1", "T"), row("t.2", "T"), row("z", "Z")],
+        "raw": {"a": 1, "titan": {"old": True}},
+        "errors": [],
+    }
+    run = {
+        "command": "python -m bench --section titan",
+        "date": "2026-02-01T00:00:00+00:00",
+        "seconds": 9.0,
+        "loadavg_start": [1.0],
+        "loadavg_end": [2.0],
+        "torch": "2.13",
+        "fmesh": "0.3",
+    }
+    part = {
+        "machine": run,
+        "rows": [row("t.1", "T"), row("t.3", "T")],
+        "raw": {"titan": {"new": True}},
+        "errors": [],
+    }
+    merged = merge(committed, part, "titan")
+    assert [r["key"] for r in merged["rows"]] == ["a", "t.1", "t.3", "z"]
+    assert merged["raw"] == {"a": 1, "titan": {"new": True}}
+    assert merged["machine"]["command"] == "python -m bench"
+    assert [r["date"] for r in merged["machine"]["merged"]] == [run["date"]]
+    again = merge(merged, part, "titan")  # the same section again replaces its note
+    assert len(again["machine"]["merged"]) == 1
+    new = merge(committed, {**part, "rows": [row("n", "N")]}, "new")
+    assert [r["key"] for r in new["rows"]] == ["a", "t.1", "t.2", "z", "n"]
