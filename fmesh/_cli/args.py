@@ -1,6 +1,6 @@
 """The command line's mesh flags, from text to the mesh and the axes to report.
 
-``fmesh describe`` and ``fmesh plan`` build their mesh the same way: the spec, then
+``fmesh describe`` and ``fmesh plan`` build their mesh the same way: the mesh text, then
 each ``--unflatten``; ``describe`` then applies the elastic edits (``--lost R,...
 --shrink AXIS``, then ``--replace OLD=NEW,...``); finally each ``--flatten`` adds an
 axis to report. Every bad value raises :class:`CliError`, which ``fmesh._cli`` prints
@@ -23,7 +23,7 @@ from .._core.queries import coordinate
 from .describe import ShownAxis, format_ranks
 
 __all__ = [
-    "SPEC_HELP",
+    "MESH_ARG_HELP",
     "CliError",
     "Edits",
     "build",
@@ -33,11 +33,11 @@ __all__ = [
     "parse_names",
     "parse_ranks",
     "parse_spares",
-    "parse_spec",
+    "parse_mesh_arg",
     "parse_unflatten",
 ]
 
-SPEC_HELP = 'comma-separated name=size pairs in axis order, e.g. "pp=2,dp=4,tp=8"'
+MESH_ARG_HELP = 'comma-separated name=size pairs in axis order, e.g. "pp=2,dp=4,tp=8"'
 
 
 class CliError(MeshError):
@@ -58,10 +58,10 @@ def parse_count(text: str, what: str) -> int:
     return base ** int(m.group(2)) if m.group(2) is not None else base
 
 
-def parse_spec(text: str) -> Mesh:
-    """The root mesh of a spec such as ``"pp=2,dp=4,tp=8"``.
+def parse_mesh_arg(text: str) -> Mesh:
+    """The root mesh of mesh text such as ``"pp=2,dp=4,tp=8"``.
 
-    >>> parse_spec("dp=2, tp=4")
+    >>> parse_mesh_arg("dp=2, tp=4")
     Mesh(dp=2, tp=4)
     """
     names: list[str] = []
@@ -78,7 +78,7 @@ def parse_spec(text: str) -> Mesh:
             sizes.append(parse_count(size, f"the size of axis {name!r}"))
         return make_mesh(sizes, names)
     except MeshError as err:
-        raise CliError(f'mesh spec "{text}": {err}; expected {SPEC_HELP}') from None
+        raise CliError(f'mesh spec "{text}": {err}; expected {MESH_ARG_HELP}') from None
 
 
 def parse_flatten(text: str) -> tuple[str | None, tuple[str, ...]]:
@@ -202,14 +202,14 @@ class Edits:
 
 
 def build(
-    spec: str,
+    mesh_arg: str,
     unflattens: Sequence[str],
     flattens: Sequence[str],
     edits: Edits | None = None,
 ) -> tuple[Mesh, list[ShownAxis], list[str]]:
     """The mesh (after the unflattens and edits), every axis to report, and the
     notes of the edits."""
-    mesh = parse_spec(spec)
+    mesh = parse_mesh_arg(mesh_arg)
     for text in unflattens:
         axis, sizes = parse_unflatten(text)
         try:
@@ -234,15 +234,15 @@ def build(
     return mesh, axes, notes
 
 
-def not_in_mesh(rank: int, spec: str, mesh: Mesh, edits: Edits | None) -> str:
+def not_in_mesh(rank: int, mesh_arg: str, mesh: Mesh, edits: Edits | None) -> str:
     """Why ``--rank`` is refused: the rank is not in the (edited) mesh."""
     if not edits:
         return (
-            f'--rank {rank} is not in the mesh "{spec}" of {mesh.size} ranks; '
+            f'--rank {rank} is not in the mesh "{mesh_arg}" of {mesh.size} ranks; '
             f"expected a rank in 0..{mesh.size - 1}"
         )
     ranks = range(mesh.size) if mesh.rank_map is None else sorted(mesh.rank_map)
     return (
-        f'--rank {rank} is not in the mesh "{spec}" after --lost/--shrink/--replace; '
+        f'--rank {rank} is not in the mesh "{mesh_arg}" after --lost/--shrink/--replace; '
         f"expected one of its {mesh.size} ranks {format_ranks(ranks)}"
     )

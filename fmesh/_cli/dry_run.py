@@ -1,7 +1,7 @@
 """``fmesh plan``: a dry run of :func:`fmesh.realize` for one rank on torch's fake backend.
 
 The fake backend creates process groups without any communication, so one process can
-play rank 70001 of a 131072-rank world. torch is imported when :func:`plan_text` runs,
+play rank 70001 of a 131072-rank world. torch is imported when :func:`dry_run_text` runs,
 never at import.
 """
 
@@ -32,7 +32,7 @@ from .describe import (
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["known_backends", "plan_text"]
+__all__ = ["known_backends", "dry_run_text"]
 
 logger = logging.getLogger("fmesh")
 
@@ -44,7 +44,7 @@ def known_backends() -> list[str]:
     return [b for b in Backend.backend_list if b not in ("undefined", "fake")]
 
 
-def plan_text(
+def dry_run_text(
     mesh: Mesh,
     axes: Sequence[ShownAxis],
     *,

@@ -27,18 +27,18 @@ from .._core.errors import MeshError
 from .._core.hosts import BANDWIDTH_HEAVY_AXES
 from .._core.queries import coordinate
 from .args import (
-    SPEC_HELP,
+    MESH_ARG_HELP,
     CliError,
     Edits,
     build,
     not_in_mesh,
     parse_count,
+    parse_mesh_arg,
     parse_names,
-    parse_spec,
 )
 from .describe import describe_text
 
-__all__ = ["describe", "describe_json", "main", "parse_spec", "plan"]
+__all__ = ["describe", "describe_json", "main", "parse_mesh_arg", "plan"]
 
 logger = logging.getLogger("fmesh")
 
@@ -58,7 +58,7 @@ def _check_host(local_world_size: int) -> None:
 
 
 def describe(
-    spec: str,
+    mesh_arg: str,
     *,
     flattens: Sequence[str] = (),
     unflattens: Sequence[str] = (),
@@ -70,9 +70,9 @@ def describe(
     """The text ``fmesh describe`` prints; ``edits`` are ``--lost``, ``--shrink`` and
     ``--replace``, applied after the unflattens and before the flattens."""
     _check_host(local_world_size)
-    mesh, axes, notes = build(spec, unflattens, flattens, edits)
+    mesh, axes, notes = build(mesh_arg, unflattens, flattens, edits)
     if rank is not None and coordinate(mesh, rank) is None:
-        raise CliError(not_in_mesh(rank, spec, mesh, edits))
+        raise CliError(not_in_mesh(rank, mesh_arg, mesh, edits))
     return describe_text(
         mesh,
         axes,
@@ -84,15 +84,15 @@ def describe(
 
 
 def describe_json(
-    spec: str, *, unflattens: Sequence[str] = (), edits: Edits | None = None
+    mesh_arg: str, *, unflattens: Sequence[str] = (), edits: Edits | None = None
 ) -> str:
     """The text ``fmesh describe --json`` prints: the mesh as :meth:`Mesh.to_json`."""
-    mesh, _, _ = build(spec, unflattens, (), edits)
+    mesh, _, _ = build(mesh_arg, unflattens, (), edits)
     return mesh.to_json() + "\n"
 
 
 def plan(
-    spec: str,
+    mesh_arg: str,
     *,
     world: int,
     rank: int = 0,
@@ -103,10 +103,10 @@ def plan(
 ) -> str:
     """The text ``fmesh plan`` prints: a dry run of realize on the fake backend."""
     _check_host(local_world_size)
-    mesh, axes, _ = build(spec, unflattens, flattens)
+    mesh, axes, _ = build(mesh_arg, unflattens, flattens)
     if world < mesh.size:
         raise CliError(
-            f'--world {world} is smaller than the mesh "{spec}" of {mesh.size} ranks; '
+            f'--world {world} is smaller than the mesh "{mesh_arg}" of {mesh.size} ranks; '
             f"give --world {mesh.size} or more, or shrink the mesh"
         )
     if world > _MAX_WORLD:
@@ -121,7 +121,7 @@ def plan(
     if "torch" not in sys.modules:
         # Importing torch is most of the wall time (seconds); the plan itself takes ms.
         print("fmesh plan: importing torch ...", file=sys.stderr, flush=True)
-    from .dry_run import known_backends, plan_text
+    from .dry_run import dry_run_text, known_backends
 
     known = known_backends()
     for part in backend.split(","):
@@ -131,7 +131,7 @@ def plan(
                 f"--backend {backend!r} names backend {name!r}; expected one of "
                 f"{known}, or a device map such as 'cpu:gloo,cuda:nccl'"
             )
-    return plan_text(
+    return dry_run_text(
         mesh,
         axes,
         world=world,
@@ -170,7 +170,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("spec", help=f"the mesh: {SPEC_HELP}")
+        p.add_argument("mesh_arg", metavar="spec", help=f"the mesh: {MESH_ARG_HELP}")
         p.add_argument(
             "--flatten",
             action="append",
@@ -183,7 +183,7 @@ def _parser() -> argparse.ArgumentParser:
             action="append",
             default=[],
             metavar="AXIS=NAME:SIZE,...",
-            help="split an axis of the spec, before any --flatten, e.g. "
+            help="split an axis of the mesh, before any --flatten, e.g. "
             "world=dp:2,tp:4 (repeatable)",
         )
         p.add_argument(
@@ -253,10 +253,10 @@ def _run(args: argparse.Namespace) -> str:
                 "--json prints the mesh itself, so it takes no --rank or --flatten; "
                 "drop them, or flatten in Python and call Mesh.to_json()"
             )
-        return describe_json(args.spec, unflattens=args.unflatten, edits=edits)
+        return describe_json(args.mesh_arg, unflattens=args.unflatten, edits=edits)
     if args.command == "describe":
         return describe(
-            args.spec,
+            args.mesh_arg,
             flattens=args.flatten,
             unflattens=args.unflatten,
             rank=rank,
@@ -265,7 +265,7 @@ def _run(args: argparse.Namespace) -> str:
             edits=edits,
         )
     return plan(
-        args.spec,
+        args.mesh_arg,
         world=parse_count(args.world, "--world"),
         rank=0 if rank is None else rank,
         flattens=args.flatten,

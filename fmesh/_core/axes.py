@@ -14,7 +14,14 @@ import numpy as np
 
 from .errors import AxisNotFoundError, MeshError
 
-__all__ = ["HasAxisNames", "axis_position", "check_names", "check_size", "names_tuple"]
+__all__ = [
+    "HasAxisNames",
+    "axis_position",
+    "check_axis_name",
+    "check_names",
+    "check_size",
+    "names_tuple",
+]
 
 
 class HasAxisNames(Protocol):
@@ -39,21 +46,35 @@ def check_size(name: str, size: object) -> int:
     return int(size)
 
 
+def check_axis_name(name: object, *, where: str = "", context: str = "", if_empty: str) -> str:
+    """``name`` if it is a non-empty str. The messages start with ``where`` (the
+    caller's place, e.g. a PartitionSpec entry); ``context`` ends the type error and
+    ``if_empty`` the error for an empty name.
+
+    >>> check_axis_name(3, if_empty="")
+    Traceback (most recent call last):
+    TypeError: axis names must be str, got 3 of type int
+    """
+    if not isinstance(name, str):
+        raise TypeError(
+            f"{where}axis names must be str, got {name!r} of type {type(name).__name__}"
+            f"{context}"
+        )
+    if not name:
+        raise MeshError(f"{where}axis names must be non-empty strings{if_empty}")
+    return name
+
+
 def check_names(names: object) -> tuple[str, ...]:
     """``names`` if it is a tuple of unique, non-empty strings."""
     if not isinstance(names, tuple):
         raise TypeError(f"axis_names must be a tuple of str, got {names!r}")
     for name in names:
-        if not isinstance(name, str):
-            raise TypeError(
-                f"axis names must be str, got {name!r} of type {type(name).__name__} "
-                f"in {names!r}"
-            )
-        if not name:
-            raise MeshError(
-                f"axis names must be non-empty strings, got {names!r}; "
-                "name every axis, e.g. ('dp', 'tp')"
-            )
+        check_axis_name(
+            name,
+            context=f" in {names!r}",
+            if_empty=f", got {names!r}; name every axis, e.g. ('dp', 'tp')",
+        )
     seen: set[str] = set()
     for name in names:
         if name in seen:

@@ -370,9 +370,11 @@ def make_mesh(
     return Mesh(names, row_major(sizes), size, rank_map)
 
 
-def require_mesh(mesh: object, fn: str, arg: str = "") -> Mesh:
-    """``mesh`` if it is an :class:`Mesh`; the TypeError names ``fn()`` (and ``arg``)."""
+def require_mesh(mesh: object, fn: str, arg: str = "", *, needs: str = "") -> Mesh:
+    """``mesh`` if it is an :class:`Mesh`; the TypeError names ``fn()`` (and ``arg``),
+    or starts with ``needs`` where the caller words it itself."""
     if not isinstance(mesh, Mesh):
         where = f" as {arg}" if arg else ""
-        raise TypeError(f"{fn}() needs an fmesh.Mesh{where}, got {type(mesh).__name__}")
+        start = needs or f"{fn}() needs an fmesh.Mesh{where}"
+        raise TypeError(f"{start}, got {type(mesh).__name__}")
     return mesh

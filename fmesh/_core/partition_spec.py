@@ -17,8 +17,9 @@ import math
 from collections.abc import Sequence
 from typing import Final, TypeAlias, final
 
+from .axes import check_axis_name
 from .errors import AxisNotFoundError, MeshError
-from .mesh import Mesh
+from .mesh import Mesh, require_mesh
 
 __all__ = [
     "P",
@@ -46,19 +47,14 @@ def _canonical_entry(entry: object, position: int) -> PartitionEntry:
             f"PartitionSpec entry {position} is {entry!r} of type {type(entry).__name__}; "
             "each entry must be None, an axis name (str) or a tuple of axis names"
         )
-    checked: list[str] = []
-    for name in names:
-        if not isinstance(name, str):
-            raise TypeError(
-                f"PartitionSpec entry {position} is {entry!r}: axis names must be str, "
-                f"got {name!r} of type {type(name).__name__}"
-            )
-        if not name:
-            raise MeshError(
-                f"PartitionSpec entry {position} is {entry!r}: axis names must be "
-                "non-empty strings; use None for a dimension that is not split"
-            )
-        checked.append(name)
+    checked = [
+        check_axis_name(
+            name,
+            where=f"PartitionSpec entry {position} is {entry!r}: ",
+            if_empty="; use None for a dimension that is not split",
+        )
+        for name in names
+    ]
     if not checked:
         return None
     if len(checked) == 1:
@@ -157,8 +153,7 @@ def spec_dims(mesh: Mesh, spec: PartitionSpec, ndim: int) -> tuple[tuple[int, ..
         MeshError: more entries than tensor dimensions.
         AxisNotFoundError: the spec names an axis the mesh lacks.
     """
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"expected an fmesh.Mesh, got {type(mesh).__name__}")
+    require_mesh(mesh, "spec_dims", needs="expected an fmesh.Mesh")
     if not isinstance(spec, PartitionSpec):
         raise TypeError(
             f"expected an fmesh.PartitionSpec, got {spec!r} of type {type(spec).__name__}; "

@@ -1,5 +1,6 @@
-"""Starting the default process group from the torchrun environment (the checks of
-backends, devices and timeouts are in ``checks.py``).
+"""Starting the default process group from the torchrun environment, and the facts
+about it that every realize call uses (the checks of backends, devices and timeouts
+are in ``checks.py``).
 
 torch is imported inside the functions, never by ``import fmesh``.
 """
@@ -8,15 +9,24 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
+from .._compat import debug_detail
 from .._core.errors import LaunchError, MeshError
+from .groups import World
+from .memo import state
 
 __all__ = [
-    "init_fake_world",
+    "current_world",
     "ensure_default_group",
+    "init_fake_world",
 ]
 
 logger = logging.getLogger("fmesh")
+
+_init_lock = threading.Lock()
+"""Serializes the first initialization of the default group (which waits on peers,
+so it is not the memo lock)."""
 
 _LAUNCH_HELP = """\
 fmesh.realize() found no default process group and cannot create one: the torchrun
@@ -135,3 +145,40 @@ def init_fake_world(world_size: int, rank: int) -> None:
             "torch.distributed.destroy_process_group() first"
         )
     init(rank, world_size)
+
+
+def current_world(backend: object) -> World:
+    """The default group (started from the torchrun environment if needed); the memo
+    is reset when it changed."""
+    import torch.distributed as dist
+
+    with _init_lock:
+        ensure_default_group(backend if isinstance(backend, str) else None)
+    world_pg = dist.group.WORLD
+    assert world_pg is not None
+    world_backend = str(dist.get_backend())
+    if world_backend == "threaded":
+        raise MeshError(
+            "fmesh.realize() cannot run on torch's threaded test world: every rank is a "
+            "thread of one process, but fmesh's memo is per process and its calls are "
+            "matched per thread name. Use real processes (torchrun, or the 'fake' "
+            "backend via fmesh.init_fake_world for dry runs); "
+            "fmesh.device_mesh.init_device_mesh hands threaded worlds to torch."
+        )
+    with state.lock:
+        if state.world is not world_pg:
+            if state.world is not None:
+                logger.info("fmesh: the default process group changed; memo reset")
+            state.reset()
+            state.world = world_pg
+        state.debug = debug_detail()
+        intact = not state.loss.lost
+    return World(
+        pg=world_pg,
+        size=dist.get_world_size(),
+        rank=dist.get_rank(),
+        backend=world_backend,
+        fake=world_backend == "fake",
+        eager=getattr(world_pg, "bound_device_id", None) is not None,
+        intact=intact,
+    )

@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 
 import attrs
 
-__all__ = ["Stream", "call_code", "combine", "digest"]
+__all__ = ["Stream", "Turn", "call_code", "combine", "digest"]
 
 T = TypeVar("T")
 
@@ -51,6 +51,18 @@ def combine(history: int, code: int) -> int:
     return ((history ^ code) * 0x100000001B3 + 0x9E3779B97F4A7C15) & _MASK
 
 
+@attrs.frozen(slots=True)
+class Turn:
+    """A new call's place in its stream."""
+
+    number: int
+    """The call's number among the agreed calls (0: it agrees with nobody)."""
+    code: int
+    """What the ranks agree on: the call's code after the history it carries."""
+    history: str
+    """The calls since the last agreement, in words (for messages)."""
+
+
 @attrs.define
 class Stream(Generic[T]):
     """One thread name's realize calls on this rank, since the last reset.
@@ -73,6 +85,30 @@ class Stream(Generic[T]):
     calls: dict[Hashable, tuple[T, int, object]] = attrs.field(factory=dict)
     """Call key -> (what a hit returns, call code, summary) of calls made before; a
     summary is anything whose ``str`` describes the call (made only for messages)."""
+
+    def replay(self, key: Hashable) -> T | None:
+        """What a call made before hands back, recorded as a hit (``None``: a new
+        call)."""
+        entry = self.calls.get(key)
+        if entry is None:
+            return None
+        self.hit(entry[1], entry[2])
+        return entry[0]
+
+    def turn(self, code: int, summary: object, agrees: bool) -> Turn:
+        """Place a new call: one that agrees gets the next number and carries the
+        history since the last agreement; any other joins that history as a hit.
+
+        >>> s = Stream[int]("t"); s.turn(1, "Mesh(a=2)", False).number
+        0
+        >>> t = s.turn(2, "Mesh(b=2)", True); t.number, t.code == combine(combine(0, 1), 2)
+        (1, True)
+        """
+        if not agrees:
+            self.hit(code, summary)
+            return Turn(0, 0, "")
+        number, history, text = self.number()
+        return Turn(number, combine(history, code), text)
 
     def hit(self, code: int, summary: object) -> None:
         """Record a call that agreed with nobody (a memo hit)."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .._compat import explicit_shard_order, strided_shard, strided_shard_parts
 from .._core.errors import MeshError
-from .._core.mesh import Mesh
+from .._core.mesh import Mesh, require_mesh
 from .._core.partition_spec import (
     PartitionSpec,
     ShardPlan,
@@ -34,11 +34,7 @@ __all__ = ["distribute", "placements", "spec_of"]
 def _abstract(mesh: object, fn: str) -> Mesh:
     if isinstance(mesh, RealizedMesh):
         return mesh.mesh
-    if isinstance(mesh, Mesh):
-        return mesh
-    raise TypeError(
-        f"{fn}() needs an fmesh.Mesh or fmesh.RealizedMesh, got {type(mesh).__name__}"
-    )
+    return require_mesh(mesh, fn, needs=f"{fn}() needs an fmesh.Mesh or fmesh.RealizedMesh")
 
 
 def _to_placements(plan: ShardPlan) -> tuple[Placement, ...]:
