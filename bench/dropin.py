@@ -56,22 +56,13 @@ def _call(impl: str, shape: Sequence[int]) -> Callable[[], object]:
     return lambda: init("cpu", tuple(shape), mesh_dim_names=NAMES)
 
 
-def _teardown() -> None:
-    import torch.distributed as dist
-
-    import fmesh
-
-    fmesh.destroy()
-    dist.destroy_process_group()
-
-
 def worker_fake(spec: Json) -> Json:
     """One library's first call and repeated calls on a fake world, in this process."""
     impl: str = spec["impl"]
     world: int = spec["world"]
     torch_ref.init_fake(WARM_UP_WORLD)
     _call(impl, SHAPES[WARM_UP_WORLD])()
-    _teardown()
+    torch_ref.teardown()
     torch_ref.init_fake(world)
     call = _call(impl, SHAPES[world])
     first, keep = timed_call(call)

@@ -226,15 +226,6 @@ def measured_build(impl: str, world: int, config: Config) -> tuple[Json, object]
 # -- workers ------------------------------------------------------------------------------
 
 
-def _teardown() -> None:
-    import torch.distributed as dist
-
-    import fmesh
-
-    fmesh.destroy()
-    dist.destroy_process_group()
-
-
 def worker_fake(spec: Json) -> Json:
     """One library's ``build_mesh`` on a fake world, as rank 0, in this process."""
     impl: str = spec["impl"]
@@ -242,7 +233,7 @@ def worker_fake(spec: Json) -> Json:
     torch_ref.init_fake(WARM_UP_WORLD)
     warm_up = build_mesh(init_device_mesh_of(impl), WARM_UP_WORLD, CONFIGS[WARM_UP_WORLD])
     del warm_up
-    _teardown()
+    torch_ref.teardown()
     torch_ref.init_fake(world)
     figures, keep = measured_build(impl, world, CONFIGS[world])
     del keep

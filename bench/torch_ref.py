@@ -38,6 +38,16 @@ def init_fake(world: int) -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
 
 
+def teardown() -> None:
+    """Destroy fmesh's groups and the default group (between a warm-up and a run)."""
+    import torch.distributed as dist
+
+    import fmesh
+
+    fmesh.destroy()
+    dist.destroy_process_group()
+
+
 def preload_lazy_imports() -> None:
     """Import what torch's mesh code and fmesh's realize import on first use.
 
