@@ -10,7 +10,7 @@ fmesh: fields from fmesh's coordinates (no O(world) search) and groups through
 (torch's, or a wrapper another library installed earlier).
 
 Off with ``FMESH_TORCH_HOOK=0`` in the environment (read when fmesh first hands out
-a DeviceMesh) or :func:`set_enabled`; never installed on a torch outside 2.11-2.15.
+a DeviceMesh); never installed on a torch outside 2.11-2.15.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ __all__ = [
     "install",
     "installed",
     "register_space",
-    "set_enabled",
     "space_of",
     "supported",
 ]
@@ -88,7 +87,6 @@ class RankTuple(tuple[int, ...]):
 
 _lock = threading.Lock()
 _spaces: dict[int, tuple[weakref.ref[torch.Tensor], Space]] = {}
-_enabled = True
 _installed = False
 
 
@@ -113,20 +111,11 @@ def register_space(rank_map: torch.Tensor, space: Space) -> None:
 
 
 def space_of(rank_map: object) -> Space | None:
-    """The space ``rank_map`` was registered with, if routing is on."""
-    if not _enabled:
-        return None
+    """The space ``rank_map`` was registered with (``None``: not fmesh's)."""
     entry = _spaces.get(id(rank_map))
     if entry is None or entry[0]() is not rank_map:
         return None
     return entry[1]
-
-
-def set_enabled(enabled: bool) -> None:
-    """Turn routing on or off for this process (off: torch's methods run as torch's,
-    on fmesh's meshes too; the wrappers stay and pass every call through)."""
-    global _enabled
-    _enabled = enabled
 
 
 def installed() -> bool:

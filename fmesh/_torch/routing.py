@@ -70,27 +70,24 @@ class TorchSpace:
         else:
             self.tensor = torch.tensor(rank_map, dtype=torch.int)
             self._flat = RankTuple(rank_map)
-        self._meshes: dict[tuple[Modes, ...], Mesh | None] = {}
+        self._meshes: dict[tuple[tuple[Modes, ...], tuple[str, ...]], Mesh | None] = {}
 
     @property
     def flat(self) -> tuple[int, ...]:
         return self._flat
 
     def mesh(self, axes: Sequence[Modes], names: Sequence[str] | None = None) -> Mesh | None:
-        """The fmesh mesh of ``axes`` over this space (``None``: not a valid mesh)."""
-        key = tuple(axes)
-        if names is None:
-            if key in self._meshes:
-                return self._meshes[key]
-            names = tuple(f"dim_{i}" for i in range(len(axes)))
-        try:
-            layouts = tuple(Layout._from_modes(m) for m in axes)
-            mesh: Mesh | None = Mesh(tuple(names), layouts, self.index_size, self.rank_map)
-        except MeshError:
-            mesh = None
-        if names is None or all(n == f"dim_{i}" for i, n in enumerate(names)):
-            self._meshes[key] = mesh
-        return mesh
+        """The fmesh mesh of ``axes`` over this space, its dims named as torch names
+        them (``dim_0``, ... without names); ``None`` where it is not a valid mesh."""
+        named = tuple(names) if names else tuple(f"dim_{i}" for i in range(len(axes)))
+        key = (tuple(axes), named)
+        if key not in self._meshes:
+            try:
+                layouts = tuple(Layout._from_modes(m) for m in axes)
+                self._meshes[key] = Mesh(named, layouts, self.index_size, self.rank_map)
+            except MeshError:
+                self._meshes[key] = None
+        return self._meshes[key]
 
     def coordinate(self, axes: Sequence[Modes]) -> tuple[bool, tuple[int, ...] | None]:
         import torch.distributed as dist
@@ -110,10 +107,10 @@ class TorchSpace:
     ) -> list[GroupSpec] | None:
         from .._runtime.realize import realize
 
-        named = tuple(names) if names else tuple(f"dim_{i}" for i in range(len(axes)))
-        mesh = self.mesh(axes, named)
-        if mesh is None or len(configs) != len(named):
+        mesh = self.mesh(axes, names)
+        if mesh is None or len(configs) != mesh.ndim:
             return None  # torch raises its own error
+        named = mesh.axis_names
         backend = {n: b for n, (b, _) in zip(named, configs) if b is not None}
         options = {n: o for n, (_, o) in zip(named, configs) if o is not None}
         with realizing_torch_roots():
