@@ -16,6 +16,7 @@ import pytest
 
 import fmesh
 from fmesh import _compat as _c10d
+from fmesh._core.queries import placement
 from fmesh._runtime import groups as _groups
 from fmesh._runtime import memo as _memo
 
@@ -54,8 +55,19 @@ def _run(
     backend: str = "nccl",
     explicit: bool = False,
 ) -> object:
+    # An eagerly initialized NCCL world (a bound device).
+    world = _groups.World(
+        pg=WORLD_PG, size=8, rank=me, backend="cpu:gloo,cuda:nccl", fake=False, eager=True
+    )
+    return _axis_group(mesh, axis, world, backend, explicit)
+
+
+def _axis_group(
+    mesh: fmesh.Mesh, axis: str, world: Any, backend: str, explicit: bool = False
+) -> object:
+    """This rank's group along ``axis``, as realize gets it (through the axis memo)."""
     pos = mesh.axis_names.index(axis)
-    coord = fmesh.coordinate(mesh, me)
+    coord, ranks = placement(mesh, world.rank, (True,) * mesh.ndim)
     request = _groups.AxisRequest(
         mesh=mesh,
         name=axis,
@@ -65,12 +77,9 @@ def _run(
         options=None,
         options_id=0,
         explicit=explicit,
+        ranks=ranks[pos],
     )
-    # An eagerly initialized NCCL world (a bound device).
-    world = _groups.World(
-        pg=WORLD_PG, size=8, rank=me, backend="cpu:gloo,cuda:nccl", fake=False, eager=True
-    )
-    pg, _ = _groups.axis_group(request, world, None, None)
+    pg, _ = _memo.state.axis(request.key, lambda: _groups.create(request, world, None, None))
     return pg
 
 
@@ -172,17 +181,6 @@ def _lose(ranks: set[int], world: int = 8) -> None:
 
 
 def _run_after_loss(mesh: fmesh.Mesh, axis: str, backend: str = "nccl") -> object:
-    pos = mesh.axis_names.index(axis)
-    request = _groups.AxisRequest(
-        mesh=mesh,
-        name=axis,
-        layout=mesh.axes[pos],
-        member=fmesh.coordinate(mesh, ME) is not None,
-        backend=backend,
-        options=None,
-        options_id=0,
-        explicit=False,
-    )
     world = _groups.World(
         pg=WORLD_PG,
         size=8,
@@ -192,8 +190,7 @@ def _run_after_loss(mesh: fmesh.Mesh, axis: str, backend: str = "nccl") -> objec
         eager=True,
         intact=False,
     )
-    pg, _ = _groups.axis_group(request, world, None, None)
-    return pg
+    return _axis_group(mesh, axis, world, backend)
 
 
 def test_after_a_loss_a_group_of_survivors_is_shrunk_from_the_retired_one(

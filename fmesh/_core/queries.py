@@ -24,6 +24,7 @@ __all__ = [
     "index_of",
     "instance",
     "instances",
+    "placement",
     "rank_at",
     "rank_of",
 ]
@@ -101,13 +102,33 @@ def group(mesh: Mesh, axis_name: str, rank: int) -> tuple[int, ...]:
     """
     require_mesh(mesh, "group")
     pos = axis_position(mesh, axis_name, "group")
-    index = _located(mesh, rank, "group")
-    layout = mesh.axes[pos]
+    return _members(mesh, mesh.axes[pos], _located(mesh, rank, "group"))
+
+
+def _members(mesh: Mesh, layout: Layout, index: int) -> tuple[int, ...]:
+    """Global ranks of the group along ``layout`` that holds ``index``."""
     base = layout.group_base(index)
     if mesh.rank_map is None:
         return tuple(base + v for v in layout.values())
     rmap = mesh.rank_map
     return tuple(rmap[base + v] for v in layout.values())
+
+
+def placement(
+    mesh: Mesh, rank: int, wanted: Sequence[bool]
+) -> tuple[tuple[int, ...] | None, tuple[tuple[int, ...], ...]]:
+    """Where ``rank`` sits in ``mesh``, in one pass (the mesh is not checked again):
+    its coordinate (``None`` off the mesh) and, per axis, its group in coordinate
+    order where ``wanted`` (off the mesh: the group at the mesh's first index, which
+    a non-member names in a world-wide split), else ``()``."""
+    index = _index(mesh, rank, "realize")
+    at = 0 if index is None else index
+    groups = tuple(
+        _members(mesh, layout, at) if want else () for layout, want in zip(mesh.axes, wanted)
+    )
+    if index is None:
+        return None, groups
+    return tuple([layout.coordinate_of(index) for layout in mesh.axes]), groups
 
 
 def _instance_base(mesh: Mesh, index: int) -> int:

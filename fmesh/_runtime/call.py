@@ -18,10 +18,10 @@ import attrs
 from .._core.axes import axis_position
 from .._core.errors import MeshError
 from .._core.mesh import Mesh, require_mesh
-from .._core.queries import coordinate, index_of
+from .._core.queries import index_of, placement
 from .._core.rank_map import rank_map_info
 from .checks import check_backend, check_timeout
-from .groups import AxisRequest, World
+from .groups import AxisRequest, World, serves
 from .launch import current_world
 from .memo import rank_map_key, state
 from .stream import Stream, Turn, call_code
@@ -131,7 +131,13 @@ def expand(args: Arguments) -> Call:
                 "(it did not check in within their timeout); it cannot realize meshes "
                 "with them any more: exit and rejoin through a restart"
             )
-    coord = coordinate(mesh, world.rank)
+    backends = tuple(world.backend if b is None else str(b) for b, _ in axis_args[0])
+    served = tuple(
+        serves(world, mesh, layout, b, o)
+        for layout, b, (o, _) in zip(mesh.axes, backends, axis_args[1])
+    )
+    # The axes the default group serves need no group: their members are not listed.
+    coord, ranks_per_axis = placement(mesh, world.rank, tuple(not s for s in served))
     rank_map = rank_map_key(mesh)
     with state.lock:
         stream: Stream[RealizedMesh] = state.streams.setdefault(
@@ -143,12 +149,15 @@ def expand(args: Arguments) -> Call:
                 name=name,
                 layout=layout,
                 member=coord is not None,
-                backend=world.backend if b is None else str(b),
+                backend=b,
                 options=o,
                 options_id=state.options_ordinal(o),
                 explicit=named,
+                ranks=members,
             )
-            for name, layout, (b, named), (o, _) in zip(mesh.axis_names, mesh.axes, *axis_args)
+            for name, layout, b, (_, named), (o, _), members in zip(
+                mesh.axis_names, mesh.axes, backends, *axis_args, ranks_per_axis
+            )
         )
         code = call_code(
             mesh.axis_names,
@@ -159,7 +168,7 @@ def expand(args: Arguments) -> Call:
             tuple(r.options_id for r in requests),
         )
         summary = Summary(mesh, tuple((r.name, r.backend, r.options_id) for r in requests))
-        hit = all(r.key in stream.known or r.served_by_world(world) for r in requests)
+        hit = all(r.key in stream.known or s for r, s in zip(requests, served))
         agrees = not hit or args.check or state.debug
         turn = stream.turn(code, summary, agrees)
         generation = state.generation

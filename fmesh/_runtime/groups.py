@@ -18,7 +18,6 @@ import attrs
 from .._core.errors import MeshMismatchError
 from .._core.layout import Layout
 from .._core.mesh import Mesh
-from .._core.queries import group, rank_of
 from .._core.rank_map import rank_map_info
 from . import agreement as _agree
 from .memo import GroupKey, rank_map_key, state
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
 
     from .._compat import Store
 
-__all__ = ["AxisRequest", "World", "axis_group"]
+__all__ = ["AxisRequest", "World", "create", "serves"]
 
 logger = logging.getLogger("fmesh")
 
@@ -50,6 +49,19 @@ class World:
     """No rank was declared lost: the default group may still be used."""
 
 
+def serves(world: World, mesh: Mesh, layout: Layout, backend: str, options: object) -> bool:
+    """The default group is the group along ``layout`` on every rank (O(1)): the axis
+    is every rank of the world in rank order, on the world's backend and options."""
+    return (
+        world.intact
+        and options is None
+        and backend == world.backend
+        and mesh.rank_map is None
+        and mesh.index_size == world.size
+        and layout.modes == ((world.size, 1),)
+    )
+
+
 @final
 @attrs.frozen(slots=True)
 class AxisRequest:
@@ -65,28 +77,19 @@ class AxisRequest:
     options_id: int
     explicit: bool
     """The backend was named for this axis (per-axis mapping), not inherited."""
+    ranks: tuple[int, ...]
+    """This rank's group along the axis in coordinate order; off the mesh, the group at
+    the mesh's first index (a non-member's part in a world-wide split); ``()`` where
+    the default group serves the axis."""
 
-    def members(self, rank: int) -> tuple[int, ...] | None:
-        """This rank's group in coordinate order (O(group size)); ``None`` off the mesh."""
-        return group(self.mesh, self.name, rank) if self.member else None
-
-    def is_world_in_rank_order(self, world_size: int) -> bool:
-        """The axis is every rank of the world in rank order (O(1), no group built)."""
-        m = self.mesh
-        return (
-            m.rank_map is None
-            and m.index_size == world_size
-            and self.layout.modes == ((world_size, 1),)
-        )
+    @property
+    def members(self) -> tuple[int, ...] | None:
+        """This rank's group in coordinate order; ``None`` off the mesh."""
+        return self.ranks if self.member else None
 
     def served_by_world(self, world: World) -> bool:
         """The default group is this axis's group on every rank (O(1))."""
-        return (
-            world.intact
-            and self.options is None
-            and self.backend == world.backend
-            and self.is_world_in_rank_order(world.size)
-        )
+        return serves(world, self.mesh, self.layout, self.backend, self.options)
 
     @property
     def key(self) -> Hashable:
@@ -98,39 +101,6 @@ class AxisRequest:
 # -- one axis ------------------------------------------------------------------------------
 
 
-def axis_group(
-    request: AxisRequest,
-    world: World,
-    timeout: datetime.timedelta | None,
-    ticket: _agree.Ticket | None,
-) -> tuple[ProcessGroup | None, int]:
-    """This rank's group along one axis, from the memo or newly created."""
-
-    def lookup() -> tuple[ProcessGroup | None, int] | None:
-        if request.key not in state.axis_memo:
-            return None
-        state.reused += 1
-        return state.axis_memo[request.key], 0
-
-    return state.once(
-        ("axis", request.key),
-        lookup,
-        lambda: _create(request, world, timeout, ticket),
-        lambda value: _store(request, value),
-    )
-
-
-def _store(request: AxisRequest, value: tuple[ProcessGroup | None, int]) -> None:
-    pg, made = value
-    state.axis_memo[request.key] = pg
-    if made:
-        assert pg is not None and request.member
-        state.created_pgs.append(pg)
-        state.created += 1
-    else:
-        state.reused += 1
-
-
 def _size_one_backend(request: AxisRequest, world: World) -> tuple[str, object, int]:
     """A size-1 axis needs no communicator: a one-member gloo (fake) group, unless
     the user named a backend for this very axis."""
@@ -139,13 +109,14 @@ def _size_one_backend(request: AxisRequest, world: World) -> tuple[str, object, 
     return ("fake" if world.fake else "gloo"), None, 0
 
 
-def _create(
+def create(
     request: AxisRequest,
     world: World,
     timeout: datetime.timedelta | None,
     ticket: _agree.Ticket | None,
 ) -> tuple[ProcessGroup | None, int]:
-    """Make (or find) the group; returns (group, 1 if created else 0)."""
+    """Make (or find) this rank's group along one axis; returns (group, 1 if created
+    else 0). The caller keeps it in the axis memo (``State.axis``)."""
     from .._compat import default_timeout
 
     if request.member and request.served_by_world(world):
@@ -153,7 +124,7 @@ def _create(
         # Every rank is a member, so every rank decides this alike (no collective).
         return world.pg, 0
     backend, options, options_id = _size_one_backend(request, world)
-    members = request.members(world.rank)
+    members = request.members
     # With an eagerly initialized NCCL world, torch makes every NCCL group by
     # splitting the world communicator, a collective over all ranks; other axes
     # are made by their members alone.
@@ -302,7 +273,7 @@ def _split(
     from .._compat import new_named_group, split_from_world
 
     mesh = request.mesh
-    some = request.members(world.rank) or group(mesh, request.name, rank_of(mesh, 0))
+    some = request.ranks
     increasing = mesh.rank_map is None or rank_map_info(mesh.rank_map).is_increasing
     if request.layout.is_ascending and increasing:
         return split_from_world(some, backend, options, timeout, desc)

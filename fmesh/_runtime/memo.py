@@ -116,6 +116,30 @@ class State:
             self.options_ids[id(options)] = entry
         return entry[1]
 
+    def axis(
+        self, key: Hashable, make: Callable[[], tuple[ProcessGroup | None, int]]
+    ) -> tuple[ProcessGroup | None, int]:
+        """This rank's group along the axis ``key``, from the axis memo, else made once:
+        ``make`` returns (group, 1 if it created one else 0)."""
+
+        def lookup() -> tuple[ProcessGroup | None, int] | None:
+            if key not in self.axis_memo:
+                return None
+            self.reused += 1
+            return self.axis_memo[key], 0
+
+        def store(value: tuple[ProcessGroup | None, int]) -> None:
+            pg, made = value
+            self.axis_memo[key] = pg
+            if made:
+                assert pg is not None
+                self.created_pgs.append(pg)
+                self.created += 1
+            else:
+                self.reused += 1
+
+        return self.once(("axis", key), lookup, make, store)
+
     def once(
         self,
         key: Hashable,

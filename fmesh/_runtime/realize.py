@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from . import agreement as _agree
 from .call import checked, expand
-from .groups import axis_group
+from .groups import AxisRequest, World, create
 from .hooks import run_realized_hooks
 from .memo import state
 from .realized_mesh import RealizedMesh
@@ -116,7 +116,7 @@ def realize(
     groups: dict[str, ProcessGroup] = {}
     created = 0
     for request in call.requests:
-        pg, made = axis_group(request, world, timeout, ticket)
+        pg, made = _axis_group(request, world, timeout, ticket)
         created += made
         if pg is not None:
             groups[request.name] = pg
@@ -143,6 +143,16 @@ def realize(
         (time.perf_counter() - start) * 1e3,
     )
     return realized
+
+
+def _axis_group(
+    request: AxisRequest,
+    world: World,
+    timeout: datetime.timedelta | None,
+    ticket: _agree.Ticket | None,
+) -> tuple[ProcessGroup | None, int]:
+    """This rank's group along one axis: from the axis memo, else created once."""
+    return state.axis(request.key, lambda: create(request, world, timeout, ticket))
 
 
 def _as_hit(realized: RealizedMesh) -> RealizedMesh:
