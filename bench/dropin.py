@@ -14,9 +14,7 @@ dense 5-d mesh, from each library:
 
 from __future__ import annotations
 
-import datetime
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -81,12 +79,8 @@ def worker_gloo(spec: Json) -> Json:
 
     import fmesh.device_mesh  # noqa: F401 - imported before timing, as torch's module
 
-    rank = int(os.environ["RANK"])
-    world = int(os.environ["WORLD_SIZE"])
-    timeout = datetime.timedelta(seconds=spec["timeout_s"])
-    store = torch_ref.connect_store(spec["port"], world, timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
-    torch_ref.preload_lazy_imports()
+    torch_ref.init_gloo_worker(spec)
+    rank = dist.get_rank()
     call = _call(spec["impl"], spec["shape"])
     dist.barrier()
     first, keep = timed_call(call)

@@ -19,10 +19,8 @@ ranks) and the section checks that both libraries built the same ones.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
-import os
 import resource
 import statistics
 import time
@@ -246,12 +244,8 @@ def worker_gloo(spec: Json) -> Json:
 
     import fmesh.device_mesh  # noqa: F401 - imported before timing, as torch's module
 
-    rank = int(os.environ["RANK"])
-    world = int(os.environ["WORLD_SIZE"])
-    timeout = datetime.timedelta(seconds=spec["timeout_s"])
-    store = torch_ref.connect_store(spec["port"], world, timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
-    torch_ref.preload_lazy_imports()
+    torch_ref.init_gloo_worker(spec)
+    rank, world = dist.get_rank(), dist.get_world_size()
     dist.barrier()
     figures, keep = measured_build(spec["impl"], world, CONFIGS[world])
     dist.barrier()

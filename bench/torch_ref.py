@@ -243,6 +243,21 @@ def connect_store(port: int, world: int, timeout: datetime.timedelta) -> TCPStor
     return TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
 
 
+def init_gloo_worker(spec: dict[str, object]) -> None:
+    """A bench worker's default group: gloo on the job's store (``spec["port"]``,
+    ``spec["timeout_s"]``), as this process's torchrun rank, torch's lazy imports done."""
+    import os
+
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    timeout = datetime.timedelta(seconds=float(str(spec["timeout_s"])))
+    store = connect_store(int(str(spec["port"])), world, timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    preload_lazy_imports()
+
+
 def plain_client(port: int, timeout: datetime.timedelta) -> TCPStore:
     """A client that sends nothing when it connects (no worker count)."""
     from torch._C._distributed_c10d import TCPStore
