@@ -35,26 +35,32 @@ def dropin_copy(path: Path) -> Path:
     return out
 
 
-def run(path: Path) -> dict[str, str]:
-    """Each test's outcome (PASSED, FAILED, SKIPPED, ERROR) by its name."""
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    )
+def outcomes(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> dict[str, str]:
+    """Run pytest with ``args`` in ``cwd``; each test's outcome (PASSED, FAILED,
+    SKIPPED, ERROR) by its name. The whole output goes to ``log``."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", path.name, "-q", "-rA", "-p", "no:cacheprovider"],
-        cwd=path.parent,
+        [sys.executable, "-m", "pytest", *args, "-q", "-rA", "-p", "no:cacheprovider"],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
         check=False,
     )
-    (path.parent / f"{path.stem}.log").write_text(proc.stdout + proc.stderr)
-    outcomes: dict[str, str] = {}
+    log.write_text(proc.stdout + proc.stderr)
+    found: dict[str, str] = {}
     for line in proc.stdout.splitlines():
         match = re.match(r"(PASSED|FAILED|ERROR|SKIPPED) \S+?::(\S+)", line)
         if match:
-            outcomes[match.group(2)] = match.group(1)
-    return outcomes
+            found[match.group(2)] = match.group(1)
+    return found
+
+
+def run(path: Path) -> dict[str, str]:
+    """Each test's outcome in torch's test file ``path``, fmesh on the import path."""
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    return outcomes([path.name], path.parent, env, path.parent / f"{path.stem}.log")
 
 
 def main(argv: list[str]) -> int:

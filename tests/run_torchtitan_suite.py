@@ -33,10 +33,11 @@ then run this script with ``/tmp/titan-venv/bin/python``.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
+
+from run_torch_suite import outcomes
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = Path("tests/unit_tests/test_parallel_dims.py")
@@ -103,23 +104,10 @@ def check_dropin(checkout: Path, env: dict[str, str]) -> None:
 
 def run(checkout: Path, env: dict[str, str], log: Path) -> dict[str, str]:
     """Each test's outcome (PASSED, FAILED, SKIPPED, ERROR) by its name."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(SUITE), "-q", "-rA", "-p", "no:cacheprovider"],
-        cwd=checkout,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    log.write_text(proc.stdout + proc.stderr)
-    outcomes: dict[str, str] = {}
-    for line in proc.stdout.splitlines():
-        match = re.match(r"(PASSED|FAILED|ERROR|SKIPPED) \S+?::(\S+)", line)
-        if match:
-            outcomes[match.group(2)] = match.group(1)
-    if not outcomes:
-        raise SystemExit(f"pytest ran no test (see {log}):\n{proc.stdout[-3000:]}")
-    return outcomes
+    found = outcomes([str(SUITE)], checkout, env, log)
+    if not found:
+        raise SystemExit(f"pytest ran no test (see {log})")
+    return found
 
 
 def main(argv: list[str]) -> int:
