@@ -4,7 +4,7 @@ Every DeviceMesh torch derives (``__getitem__``, ``_flatten``, ``_unflatten``,
 ``_concatenate``) is built by ``DeviceMesh.__init__`` over its root's rank-map tensor,
 and every group torch makes for it comes from ``DeviceMesh._init_process_groups``.
 Both are wrapped here, once per process, when fmesh hands out its first DeviceMesh.
-A call whose rank map is one fmesh registered (:func:`register_space`) is answered by
+A call whose rank map is one fmesh registered (``register_space``) is answered by
 fmesh: fields from fmesh's coordinates (no O(world) search) and groups through
 ``fmesh.realize``. Any other call goes to the function that was there before
 (torch's, or a wrapper another library installed earlier).

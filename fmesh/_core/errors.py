@@ -1,11 +1,11 @@
 """The fmesh error hierarchy.
 
-Every error fmesh raises for bad input derives from :class:`MeshError`, which is a
-``ValueError``. Unknown axis names raise :class:`AxisNotFoundError`, which is also a
+Every error fmesh raises for bad input derives from ``MeshError``, which is a
+``ValueError``. Unknown axis names raise ``AxisNotFoundError``, which is also a
 ``KeyError`` so ``except KeyError`` code written for dict-like lookups keeps working.
 Wrong argument types raise plain ``TypeError``. Where torch's ``init_device_mesh``
 raises ``RuntimeError``, ``fmesh.device_mesh.init_device_mesh`` raises
-:class:`DeviceMeshError`, which is also a ``RuntimeError``.
+``DeviceMeshError``, which is also a ``RuntimeError``.
 """
 
 from __future__ import annotations
