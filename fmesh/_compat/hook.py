@@ -133,15 +133,14 @@ _HOOK_ON = ("1", "true", "on", "yes")
 
 def hook_enabled(value: str | None) -> bool:
     """``FMESH_TORCH_HOOK``'s value as a switch: unset or empty is on; the usual
-    spellings of on and off in any case, spaces trimmed; anything else a MeshError."""
+    spellings of on and off in any case, spaces trimmed; anything else a ValueError
+    (not a MeshError: _compat sits beside _core, and this is no mesh's fault)."""
     word = (value or "").strip().lower()
     if word in ("", *_HOOK_ON):
         return True
     if word in _HOOK_OFF:
         return False
-    from .._core.errors import MeshError
-
-    raise MeshError(
+    raise ValueError(
         f"FMESH_TORCH_HOOK={value!r} is not a switch: {', '.join(_HOOK_OFF)} turn the "
         f"routing of torch's DeviceMesh methods through fmesh off, {', '.join(_HOOK_ON)} "
         "(or unset, the default) keep it on; any case"
