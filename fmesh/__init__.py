@@ -1,7 +1,7 @@
 """fmesh: functional, immutable device meshes for PyTorch distributed.
 
 The pure core (layouts, meshes, transformations, rank queries) needs no torch; only
-:func:`realize` and the DeviceMesh interop import torch, on first use.
+``realize`` and the DeviceMesh interop import torch, on first use.
 """
 
 import typing as _typing

@@ -1,4 +1,4 @@
-"""``python -m fmesh``: the fmesh command line (see :mod:`fmesh._cli`)."""
+"""``python -m fmesh``: the fmesh command line (see ``fmesh._cli``)."""
 
 import sys
 

@@ -11,7 +11,7 @@ The one public submodule of fmesh, a thin module over private code (as
 ``realize`` -> ``to_device_mesh``: each rank creates only its own groups, each group
 once per process, ranks that disagree get an error instead of a hang, and a repeated
 call is a memo hit. Where torch raises ``RuntimeError``, it raises
-:class:`DeviceMeshError` (also a ``RuntimeError`` and an ``fmesh.MeshError``).
+``DeviceMeshError`` (also a ``RuntimeError`` and an ``fmesh.MeshError``).
 """
 
 from ._core.errors import DeviceMeshError as DeviceMeshError

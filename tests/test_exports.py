@@ -8,8 +8,13 @@ the package itself are private, and public classes are final and frozen.
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
+import pickle
 import pkgutil
+import subprocess
+import sys
+import traceback
 from pathlib import Path
 
 import attrs
@@ -25,6 +30,16 @@ ALIASES = {"P": "PartitionSpec"}
 # torch's own classes, re-exported for annotations and looked up lazily (no torch import
 # at `import fmesh`).
 FROM_TORCH = {"BackendOptions"}
+# Classes whose ``__module__`` is the public path (tracebacks read ``fmesh.MeshError``);
+# they are defined in fmesh._core.errors. Other classes keep their private module, where
+# doctest finds their methods' examples.
+SHOWN_AS_PUBLIC = {
+    "AxisNotFoundError",
+    "LaunchError",
+    "MeshError",
+    "MeshMismatchError",
+    "UnrepresentableSplitError",
+}
 
 
 def _static_reexports() -> list[str]:
@@ -56,6 +71,9 @@ def test_every_public_name_exists_and_is_exported_once(name: str) -> None:
     obj = getattr(fmesh, name)
     if name in FROM_TORCH:
         assert obj.__module__.startswith("torch"), obj.__module__
+    elif name in SHOWN_AS_PUBLIC:
+        assert obj.__module__ == "fmesh" and obj.__name__ == name
+        assert vars(importlib.import_module("fmesh._core.errors"))[name] is obj
     elif inspect.isclass(obj) or inspect.isfunction(obj):
         assert obj.__module__.startswith("fmesh._"), obj.__module__
         assert obj.__name__ == ALIASES.get(name, name)
@@ -93,10 +111,10 @@ def test_the_public_submodule_is_only_re_exports() -> None:
     assert dm.__all__ == sorted(dm.__all__) == ["DeviceMeshError", "init_device_mesh"]
     public = {n for n in vars(dm) if not n.startswith("_")}
     assert public == set(dm.__all__)
-    for name in dm.__all__:
-        obj = getattr(dm, name)
-        assert obj.__module__.startswith("fmesh._") and obj.__name__ == name
+    assert dm.init_device_mesh.__module__.startswith("fmesh._")
+    assert dm.init_device_mesh.__name__ == "init_device_mesh"
     error = dm.DeviceMeshError
+    assert error.__module__ == "fmesh.device_mesh" and error.__name__ == "DeviceMeshError"
     assert getattr(error, "__final__", False) is True
     # torch's exception type where torch raises, and fmesh's.
     assert issubclass(error, RuntimeError) and issubclass(error, fmesh.MeshError)
@@ -125,3 +143,62 @@ _EXAMPLES: dict[str, object] = {
     "Mesh": fmesh.make_mesh({"dp": 2}),
     "Layout": fmesh.Layout.of((2,)),
 }
+
+
+ERRORS = [
+    *(f"fmesh.{name}" for name in sorted(SHOWN_AS_PUBLIC)),
+    "fmesh.device_mesh.DeviceMeshError",
+]
+
+
+def _error(path: str) -> type[Exception]:
+    module, _, name = path.rpartition(".")
+    cls: type[Exception] = getattr(importlib.import_module(module), name)
+    return cls
+
+
+@pytest.mark.parametrize("path", ERRORS)
+def test_errors_show_their_public_path(path: str) -> None:
+    cls = _error(path)
+    err = cls("what was given; what was expected")
+    assert repr(cls) == f"<class '{path}'>"
+    shown = traceback.format_exception_only(type(err), err)
+    assert shown == [f"{path}: what was given; what was expected\n"]
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is cls and str(back) == str(err)
+    assert b"_core" not in pickle.dumps(err)
+
+
+def test_a_raised_error_reads_fmesh_mesh_error_in_a_traceback() -> None:
+    try:
+        fmesh.make_mesh({"dp": 2})["tp"]
+    except fmesh.AxisNotFoundError as err:
+        last = traceback.format_exception(err)[-1]
+    assert last.startswith("fmesh.AxisNotFoundError: Mesh.__getitem__(): "), last
+
+
+def test_an_error_pickled_in_one_process_unpickles_in_another() -> None:
+    """pickle looks the class up by its public path in a fresh interpreter."""
+    dump = (
+        "import pickle, sys, fmesh, fmesh.device_mesh as dm; "
+        "sys.stdout.buffer.write(pickle.dumps([fmesh.MeshMismatchError('m'), "
+        "dm.DeviceMeshError('d')]))"
+    )
+    load = (
+        "import pickle, sys; errs = pickle.loads(sys.stdin.buffer.read()); "
+        "print([repr(type(e)) for e in errs], [str(e) for e in errs])"
+    )
+    data = subprocess.run(
+        [sys.executable, "-c", dump], capture_output=True, check=True, timeout=120
+    ).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", load],
+        input=data,
+        capture_output=True,
+        check=True,
+        timeout=120,
+    ).stdout.decode()
+    assert out.strip() == (
+        "[\"<class 'fmesh.MeshMismatchError'>\", "
+        "\"<class 'fmesh.device_mesh.DeviceMeshError'>\"] ['m', 'd']"
+    )

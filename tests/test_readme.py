@@ -6,6 +6,8 @@ The conventions, in every page alike:
   ``# torchrun --nproc-per-node N`` runs under torchrun with N processes;
 * a ``python`` block that starts ``# excerpt of PATH`` quotes a file and is not run:
   tests/test_example_elastic.py checks that it is verbatim in that file;
+* a ``text`` block right after the line ``<!-- the output of the python block above -->``
+  is what the last ``python`` block before it prints: its stdout must be exactly that;
 * ``bash`` blocks are not run: the quick start is checked against .ci/run and the
   example test, every copy of it must be the README's, and every script a bash block
   names must exist.
@@ -42,6 +44,26 @@ PYTHON = [
     for index, body in enumerate(_blocks(path, "python"))
     if not body.startswith("# excerpt of ")
 ]
+OUTPUT_MARK = "<!-- the output of the python block above -->"
+
+
+def _outputs(path: Path) -> dict[int, str]:
+    """The printed output a page shows, by the index of the python block printing it."""
+    text = path.read_text()
+    found: dict[int, str] = {}
+    index = -1
+    for match in re.finditer(r"```(\w+)\n(.*?)```", text, re.S):
+        lang, body = match.groups()
+        if lang == "python":
+            index += 1
+        elif lang == "text" and text[: match.start()].rstrip().endswith(OUTPUT_MARK):
+            found[index] = body
+    return found
+
+
+OUTPUTS = {
+    (_name(path), index): body for path in PAGES for index, body in _outputs(path).items()
+}
 BASH = _blocks(README, "bash")
 ALL_BASH = [(_name(path), body) for path in PAGES for body in _blocks(path, "bash")]
 QUICK_START = "pip install torch==2.13.0 && "
@@ -90,6 +112,17 @@ def test_python_block_runs(page: str, index: int, body: str, tmp_path: Path) -> 
         cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
     )
     assert result.returncode == 0, page + result.stdout[-3000:] + result.stderr[-3000:]
+    shown = OUTPUTS.get((page, index))
+    if shown is not None:
+        assert result.stdout == shown, f"{page} shows output this block does not print"
+
+
+def test_every_output_shown_belongs_to_a_block() -> None:
+    marks = sum(path.read_text().count(OUTPUT_MARK) for path in PAGES)
+    assert marks >= 1  # docs/device-mesh.md's one-import example
+    assert len(OUTPUTS) == marks
+    run = {(page, index) for page, index, _ in PYTHON}
+    assert sorted(set(OUTPUTS) - run) == []
 
 
 def test_quick_start_test_command_is_what_ci_runs() -> None:

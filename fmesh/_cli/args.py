@@ -3,7 +3,7 @@
 ``fmesh describe`` and ``fmesh plan`` build their mesh the same way: the mesh text, then
 each ``--unflatten``; ``describe`` then applies the elastic edits (``--lost R,...
 --shrink AXIS``, then ``--replace OLD=NEW,...``); finally each ``--flatten`` adds an
-axis to report. Every bad value raises :class:`CliError`, which ``fmesh._cli`` prints
+axis to report. Every bad value raises ``CliError``, which ``fmesh._cli`` prints
 as one line. Pure: no torch.
 """
 
@@ -155,9 +155,9 @@ class Edits:
     """The elastic flags, as typed: ``--lost``, ``--shrink``, ``--replace``."""
 
     lost: str | None = None
-    """Lost global ranks, e.g. ``"3,5"``; needs :attr:`shrink`."""
+    """Lost global ranks, e.g. ``"3,5"``; needs ``shrink``."""
     shrink: str | None = None
-    """The axis whose slices holding a lost rank are dropped; needs :attr:`lost`."""
+    """The axis whose slices holding a lost rank are dropped; needs ``lost``."""
     replace: str | None = None
     """``"old=new,..."``: spares taking lost ranks' places (after the shrink)."""
 

@@ -67,7 +67,7 @@ class ShownAxis:
         return group(self.mesh, self.name, rank)
 
     def group_text(self, rank: int, full: int = _GROUP_FULL, head: int = _GROUP_HEAD) -> str:
-        """:func:`format_ranks` of :meth:`group`, listing only the ranks it shows."""
+        """``format_ranks`` of ``group``, listing only the ranks it shows."""
         size = self.layout.size
         if size <= full:
             return format_ranks(self.group(rank), full, head)

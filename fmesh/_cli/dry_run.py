@@ -1,7 +1,7 @@
-"""``fmesh plan``: a dry run of :func:`fmesh.realize` for one rank on torch's fake backend.
+"""``fmesh plan``: a dry run of ``fmesh.realize`` for one rank on torch's fake backend.
 
 The fake backend creates process groups without any communication, so one process can
-play rank 70001 of a 131072-rank world. torch is imported when :func:`dry_run_text` runs,
+play rank 70001 of a 131072-rank world. torch is imported when ``dry_run_text`` runs,
 never at import.
 """
 

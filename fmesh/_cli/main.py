@@ -5,9 +5,9 @@
     python -m fmesh describe "dp=4,tp=2" --lost 3,5 --shrink dp --replace 0=8
     python -m fmesh plan --world 131072 "pp=16,dp=256,cp=4,tp=8" --rank 5
 
-This module only dispatches: the mesh flags are parsed in :mod:`fmesh._cli_args`, the
-text of ``describe`` comes from :mod:`fmesh._describe` (pure), the host analysis from
-:mod:`fmesh._hosts`, and the dry run of ``plan`` from :mod:`fmesh._plan`, which alone
+This module only dispatches: the mesh flags are parsed in ``fmesh._cli.args``, the
+text of ``describe`` comes from ``fmesh._cli.describe`` (pure), the host analysis from
+``fmesh._core.hosts``, and the dry run of ``plan`` from ``fmesh._cli.dry_run``, which alone
 imports torch.
 
 A *host* is a block of ``--local-world-size`` consecutive global ranks (default 8); an
@@ -86,7 +86,7 @@ def describe(
 def describe_json(
     mesh_arg: str, *, unflattens: Sequence[str] = (), edits: Edits | None = None
 ) -> str:
-    """The text ``fmesh describe --json`` prints: the mesh as :meth:`Mesh.to_json`."""
+    """The text ``fmesh describe --json`` prints: the mesh as ``Mesh.to_json``."""
     mesh, _, _ = build(mesh_arg, unflattens, (), edits)
     return mesh.to_json() + "\n"
 

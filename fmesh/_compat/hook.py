@@ -4,13 +4,13 @@ Every DeviceMesh torch derives (``__getitem__``, ``_flatten``, ``_unflatten``,
 ``_concatenate``) is built by ``DeviceMesh.__init__`` over its root's rank-map tensor,
 and every group torch makes for it comes from ``DeviceMesh._init_process_groups``.
 Both are wrapped here, once per process, when fmesh hands out its first DeviceMesh.
-A call whose rank map is one fmesh registered (:func:`register_space`) is answered by
+A call whose rank map is one fmesh registered (``register_space``) is answered by
 fmesh: fields from fmesh's coordinates (no O(world) search) and groups through
 ``fmesh.realize``. Any other call goes to the function that was there before
 (torch's, or a wrapper another library installed earlier).
 
-Off with ``FMESH_TORCH_HOOK=0`` in the environment (read when fmesh first hands out
-a DeviceMesh); never installed on a torch outside 2.11-2.15.
+Off with ``FMESH_TORCH_HOOK=0`` (or ``false``, ``off``, ``no``) in the environment, read
+when fmesh first hands out a DeviceMesh; never installed on a torch outside 2.11-2.15.
 """
 
 from __future__ import annotations
@@ -127,12 +127,32 @@ def supported(version: tuple[int, int]) -> bool:
     return SUPPORTED[0] <= version <= SUPPORTED[1]
 
 
+_HOOK_OFF = ("0", "false", "off", "no")
+_HOOK_ON = ("1", "true", "on", "yes")
+
+
+def hook_enabled(value: str | None) -> bool:
+    """``FMESH_TORCH_HOOK``'s value as a switch: unset or empty is on; the usual
+    spellings of on and off in any case, spaces trimmed; anything else a ValueError
+    (not a MeshError: _compat sits beside _core, and this is no mesh's fault)."""
+    word = (value or "").strip().lower()
+    if word in ("", *_HOOK_ON):
+        return True
+    if word in _HOOK_OFF:
+        return False
+    raise ValueError(
+        f"FMESH_TORCH_HOOK={value!r} is not a switch: {', '.join(_HOOK_OFF)} turn the "
+        f"routing of torch's DeviceMesh methods through fmesh off, {', '.join(_HOOK_ON)} "
+        "(or unset, the default) keep it on; any case"
+    )
+
+
 def install() -> bool:
     """Wrap ``DeviceMesh.__init__`` and ``_init_process_groups`` once per process.
     Returns whether routing is installed (not on unknown torch versions, nor with
-    ``FMESH_TORCH_HOOK=0``)."""
+    ``FMESH_TORCH_HOOK`` off: ``0``, ``false``, ``off``, ``no``)."""
     global _installed
-    if os.environ.get("FMESH_TORCH_HOOK", "1") == "0":
+    if not hook_enabled(os.environ.get("FMESH_TORCH_HOOK")):
         return False
     if not supported(torch_version()):
         return False

@@ -1,7 +1,7 @@
 """Checks of axis names and sizes, and axis lookup by name.
 
-Shared by :mod:`fmesh._mesh` (the ``Mesh`` constructor, ``Mesh.axis_index``,
-``mesh[...]``) and :mod:`fmesh._ops` (the operations), so neither imports the other's
+Shared by ``fmesh._core.mesh`` (the ``Mesh`` constructor, ``Mesh.axis_index``,
+``mesh[...]``) and ``fmesh._core.ops`` (the operations), so neither imports the other's
 privates. Knows nothing of ``Mesh`` beyond its ``axis_names``.
 """
 

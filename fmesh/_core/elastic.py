@@ -1,11 +1,11 @@
 """Elastic recovery, the pure part: a mesh without the slices that lost a rank
-(:func:`shrink`), and a mesh with hot spares in place of lost ranks (:func:`replace`).
+(``shrink``), and a mesh with hot spares in place of lost ranks (``replace``).
 
 Both return new meshes with rank maps; neither creates a process group nor imports
 torch. Unlike the other operations they enumerate the index space (they build a new
 rank map), so they cost O(index space) once per call.
 
-How :func:`shrink` lays out its result: the index space is a mixed-radix number whose
+How ``shrink`` lays out its result: the index space is a mixed-radix number whose
 digits are the modes of every axis plus the complement. The shrunk axis's digits are
 replaced by one digit of the remaining size, standing where its slowest mode stood;
 every other digit keeps its place. So the other axes keep their layouts up to the
@@ -67,7 +67,7 @@ def _rank_array(mesh: Mesh) -> npt.NDArray[np.int64]:
 
 
 def _indices(mesh: Mesh, ranks: Iterable[int], fn: str, what: str, fix: str) -> list[int]:
-    """The index of each rank; a :class:`MeshError` naming every rank not in the mesh."""
+    """The index of each rank; a ``MeshError`` naming every rank not in the mesh."""
     found: list[int] = []
     missing: list[int] = []
     for rank in ranks:
@@ -132,7 +132,7 @@ def shrink(mesh: Mesh, lost: Iterable[int], *, axis: str) -> Mesh:
         axis: the axis along which whole slices are dropped (keyword-only).
 
     Returns:
-        A :class:`Mesh` with the same axes, ``axis`` of size ``size - k`` for the ``k``
+        A [`Mesh`][fmesh.Mesh] with the same axes, ``axis`` of size ``size - k`` for the ``k``
         slices that hold a lost rank, and as many instances as ``mesh``.
 
     Raises:
@@ -211,7 +211,7 @@ def replace(mesh: Mesh, spares: Mapping[int, int]) -> Mesh:
             returned, unchanged.
 
     Returns:
-        A :class:`Mesh` with the same axes, layouts and index space.
+        A [`Mesh`][fmesh.Mesh] with the same axes, layouts and index space.
 
     Raises:
         TypeError: when ``mesh`` is not a mesh, ``spares`` not a mapping, or a rank in

@@ -1,11 +1,15 @@
 """The fmesh error hierarchy.
 
-Every error fmesh raises for bad input derives from :class:`MeshError`, which is a
-``ValueError``. Unknown axis names raise :class:`AxisNotFoundError`, which is also a
+Every error fmesh raises for bad input derives from ``MeshError``, which is a
+``ValueError``. Unknown axis names raise ``AxisNotFoundError``, which is also a
 ``KeyError`` so ``except KeyError`` code written for dict-like lookups keeps working.
 Wrong argument types raise plain ``TypeError``. Where torch's ``init_device_mesh``
 raises ``RuntimeError``, ``fmesh.device_mesh.init_device_mesh`` raises
-:class:`DeviceMeshError`, which is also a ``RuntimeError``.
+``DeviceMeshError``, which is also a ``RuntimeError``.
+
+Each class names the path users import it from in ``__module__`` (``fmesh.MeshError``,
+``fmesh.device_mesh.DeviceMeshError``): tracebacks and reprs show that path, and pickle
+finds the class there.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ __all__ = [
 class MeshError(ValueError):
     """Base class of every fmesh error about a mesh or its arguments."""
 
+    __module__ = "fmesh"
+
 
 @final
 class AxisNotFoundError(MeshError, KeyError):
@@ -34,6 +40,8 @@ class AxisNotFoundError(MeshError, KeyError):
     ``KeyError`` would use).
     """
 
+    __module__ = "fmesh"
+
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
@@ -42,15 +50,21 @@ class AxisNotFoundError(MeshError, KeyError):
 class UnrepresentableSplitError(MeshError):
     """``unflatten`` was asked for a split that no layout can express."""
 
+    __module__ = "fmesh"
+
 
 @final
 class MeshMismatchError(MeshError):
     """Ranks disagree about the mesh being realized (raised instead of hanging)."""
 
+    __module__ = "fmesh"
+
 
 @final
 class LaunchError(MeshError):
     """No process group exists and none can be initialized from the environment."""
+
+    __module__ = "fmesh"
 
 
 @final
@@ -60,3 +74,5 @@ class DeviceMeshError(MeshError, RuntimeError):
     a device type with an index, a bad ``backend_override``, a mesh larger than the
     world). Also a ``RuntimeError``, so ``except RuntimeError`` code written for torch
     keeps working."""
+
+    __module__ = "fmesh.device_mesh"

@@ -3,7 +3,7 @@
 A *host* holds ``ranks_per_host`` consecutive global ranks, as torchrun assigns them
 (host ``h`` holds ranks ``h*ranks_per_host`` to ``(h+1)*ranks_per_host - 1``). An axis
 is intra-host when each of its groups lies on one host. Bandwidth-heavy axes (tensor,
-context and expert parallelism) belong inside a host; :func:`make_hybrid_mesh` builds a
+context and expert parallelism) belong inside a host; ``make_hybrid_mesh`` builds a
 mesh from an intra-host and an inter-host size per axis, as JAX's
 ``mesh_utils.create_hybrid_device_mesh`` does, so that they stay there.
 """
@@ -90,7 +90,7 @@ def crossing_groups(layout: Layout, index_size: int, host: int) -> int:
 
 
 def _crossing_listed(mesh: Mesh, pos: int, host: int) -> int:
-    """:func:`crossing_groups` for a mesh with a rank map, by listing the groups."""
+    """``crossing_groups`` for a mesh with a rank map, by listing the groups."""
     assert mesh.rank_map is not None
     layout = mesh.axes[pos]
     bases = np.asarray(layout.complement(mesh.index_size).values(), dtype=np.int64)
@@ -132,7 +132,7 @@ class AxisHosts:
 @final
 @attrs.frozen
 class HostReport:
-    """Which axes of a mesh cross hosts; see :func:`host_report`."""
+    """Which axes of a mesh cross hosts; see [`host_report`][fmesh.host_report]."""
 
     ranks_per_host: int
     """Consecutive global ranks per host."""
@@ -154,7 +154,7 @@ class HostReport:
         return tuple(a.name for a in self.axes if a.crosses_hosts)
 
     def __getitem__(self, name: str) -> AxisHosts:
-        """The entry of axis ``name``; raises :class:`AxisNotFoundError` if absent."""
+        """The entry of axis ``name``; raises ``AxisNotFoundError`` if absent."""
         for entry in self.axes:
             if entry.name == name:
                 return entry
@@ -188,7 +188,7 @@ def host_report(mesh: Mesh, ranks_per_host: int) -> HostReport:
         ranks_per_host: ranks per host, e.g. torchrun's ``--nproc-per-node``.
 
     Returns:
-        A frozen :class:`HostReport`, one :class:`AxisHosts` per axis.
+        A frozen [`HostReport`][fmesh.HostReport], one [`AxisHosts`][fmesh.AxisHosts] per axis.
 
     Raises:
         TypeError: when ``mesh`` is not a mesh or ``ranks_per_host`` not an int.
@@ -273,7 +273,7 @@ def make_hybrid_mesh(
         axis_names: one name per axis, only with sequences.
 
     Returns:
-        A :class:`Mesh` over ranks ``0..ranks_per_host*hosts-1`` (one layout of up
+        A [`Mesh`][fmesh.Mesh] over ranks ``0..ranks_per_host*hosts-1`` (one layout of up
         to two modes per axis, so slice, flatten and unflatten work as usual).
 
     Raises:

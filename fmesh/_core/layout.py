@@ -1,6 +1,6 @@
 """Row-major CuTe-style layouts: the integer algebra under every mesh axis.
 
-A :class:`Layout` ``(s_1, ..., s_m):(d_1, ..., d_m)`` maps a coordinate
+A ``Layout`` ``(s_1, ..., s_m):(d_1, ..., d_m)`` maps a coordinate
 ``c in [0, s_1*...*s_m)`` to the index ``sum(digit_j * d_j)``, where the digits are
 ``c`` written in mixed radix ``s`` with the **last** mode varying fastest (row-major,
 as PyTorch does; CuTe itself is column-major).
@@ -11,7 +11,7 @@ compare equal: size-1 modes are dropped and adjacent modes ``j, j+1`` with
 modes is part of the function.
 
 Every operation here costs O(number of modes); nothing enumerates a rank space except
-:meth:`Layout.values`, which is O(size) by nature.
+``Layout.values``, which is O(size) by nature.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _format(modes: Sequence[Mode]) -> str:
 class Layout:
     """A canonical row-major layout: a function from ``[0, size)`` to indices.
 
-    Build one with :meth:`Layout.of`, which canonicalizes; the plain constructor
+    Build one with [`Layout.of`][fmesh.Layout.of], which canonicalizes; the plain constructor
     accepts only a layout that is already canonical.
 
     >>> Layout.of((2, 4), (4, 1))
@@ -199,7 +199,7 @@ class Layout:
 
         Every group of an axis is ``base + self(c)``; this inverts that for the
         index's own group, in O(number of modes) (same validity as
-        :meth:`coordinate_of`).
+        [`coordinate_of`][fmesh.Layout.coordinate_of]).
 
         >>> Layout.of((2, 2), (4, 1)).group_base(7)
         2
@@ -212,14 +212,14 @@ class Layout:
         As in CuTe, ``step`` must divide out of the fastest modes (the step and each
         mode size it crosses divide one another); then ``size`` takes whole modes and
         finally part of one, so the result is exact or refused, never truncated.
-        For the row-major sizes :meth:`split` composes with, which multiply to
-        :attr:`size`, this refuses exactly the splits that are not layouts.
+        For the row-major sizes [`split`][fmesh.Layout.split] composes with, which multiply to
+        [`size`][fmesh.Layout.size], this refuses exactly the splits that are not layouts.
 
         Raises:
             TypeError: when ``size`` or ``step`` is not an int.
             MeshError: when ``size`` or ``step`` is below 1.
             UnrepresentableSplitError: when the rule above fails (it does whenever
-                ``size > 1`` and ``size * step`` exceeds :attr:`size`).
+                ``size > 1`` and ``size * step`` exceeds [`size`][fmesh.Layout.size]).
         """
         _check_positive("Layout.compose()", (size, step))
         if size == 1:
@@ -273,7 +273,7 @@ class Layout:
     def split(self, sizes: Sequence[int]) -> tuple[Layout, ...]:
         """Compose with the row-major layout of ``sizes``: one layout per size.
 
-        The product of ``sizes`` must equal :attr:`size`.
+        The product of ``sizes`` must equal [`size`][fmesh.Layout.size].
         """
         _check_positive("Layout.split()", tuple(sizes))
         if math.prod(sizes) != self.size:

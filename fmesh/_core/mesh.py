@@ -1,8 +1,8 @@
-"""The :class:`Mesh` value and its constructors.
+"""The ``Mesh`` value and its constructors.
 
-A mesh is axis names plus one canonical :class:`~fmesh.Layout` per axis over an index
+A mesh is axis names plus one canonical ``Layout`` per axis over an index
 space ``[0, index_size)``, and an optional ``rank_map`` from index to global rank. It
-holds no resources and never talks to torch; see :func:`fmesh.realize` for that.
+holds no resources and never talks to torch; see ``fmesh.realize`` for that.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ class Mesh:
         return self.index_size // self.size
 
     def axis_index(self, name: str) -> int:
-        """Position of axis ``name``; raises :class:`AxisNotFoundError` if absent."""
+        """Position of axis ``name``, or [`AxisNotFoundError`][fmesh.AxisNotFoundError]."""
         return axis_position(self, name, "Mesh.axis_index")
 
     def __getitem__(self, key: str | tuple[str, ...]) -> Mesh:
@@ -190,11 +190,11 @@ class Mesh:
         return select_axes(self, key, "Mesh.__getitem__")
 
     def to_json(self) -> str:
-        """The mesh as one line of JSON that :meth:`Mesh.from_json` reads back exactly.
+        """One line of JSON that [`from_json`][fmesh.Mesh.from_json] reads back exactly.
 
         The schema is versioned: ``{"fmesh_mesh": 1, "axes": [{"name", "shape",
         "stride"}, ...], "index_size": N, "rank_map": null or [rank, ...]}``, each
-        axis a canonical layout over the index space (see :class:`~fmesh.Layout`).
+        axis a canonical layout over the index space (see [`Layout`][fmesh.Layout]).
 
         >>> import json
         >>> json.loads(make_mesh({"dp": 2}, ranks=[4, 6]).to_json())
@@ -205,13 +205,14 @@ class Mesh:
 
     @classmethod
     def from_json(cls, text: str) -> Mesh:
-        """The mesh that :meth:`Mesh.to_json` wrote: ``Mesh.from_json(m.to_json()) == m``.
+        """The mesh [`to_json`][fmesh.Mesh.to_json] wrote: ``from_json(m.to_json()) == m``.
 
         Args:
-            text: JSON text in the schema :meth:`to_json` documents (version 1).
+            text: JSON text in the schema [`to_json`][fmesh.Mesh.to_json] documents
+                (version 1).
 
         Returns:
-            The :class:`Mesh`, validated like any other.
+            The [`Mesh`][fmesh.Mesh], validated like any other.
 
         Raises:
             TypeError: when ``text`` is not a str.
@@ -307,7 +308,7 @@ def make_mesh(
             and meshes over a subset of the world. Default: ranks ``0..size-1``.
 
     Returns:
-        A :class:`Mesh` with one instance.
+        A [`Mesh`][fmesh.Mesh] with one instance.
 
     Raises:
         TypeError: for sizes that are not int, or names that are not str.
@@ -371,7 +372,7 @@ def make_mesh(
 
 
 def require_mesh(mesh: object, fn: str, arg: str = "", *, needs: str = "") -> Mesh:
-    """``mesh`` if it is an :class:`Mesh`; the TypeError names ``fn()`` (and ``arg``),
+    """``mesh`` if it is a ``Mesh``; the TypeError names ``fn()`` (and ``arg``),
     or starts with ``needs`` where the caller words it itself."""
     if not isinstance(mesh, Mesh):
         where = f" as {arg}" if arg else ""

@@ -1,6 +1,6 @@
 """The JSON form of a mesh (``Mesh.to_json`` / ``Mesh.from_json``): versioned, exact.
 
-Works on a mesh's fields, so it needs no ``Mesh``: :func:`loads` checks the schema and
+Works on a mesh's fields, so it needs no ``Mesh``: ``loads`` checks the schema and
 returns the fields, and the ``Mesh`` constructor validates them as a mesh.
 """
 
@@ -20,7 +20,7 @@ Fields = tuple[tuple[str, ...], tuple[Layout, ...], int, "tuple[int, ...] | None
 
 
 JSON_VERSION = 1
-"""The schema version :meth:`Mesh.to_json` writes and :meth:`Mesh.from_json` reads."""
+"""The schema version ``Mesh.to_json`` writes and ``Mesh.from_json`` reads."""
 _VERSION_KEY = "fmesh_mesh"
 _FIELDS = (_VERSION_KEY, "axes", "index_size", "rank_map")
 _AXIS_FIELDS = ("name", "shape", "stride")
@@ -109,7 +109,7 @@ def dumps(
     index_size: int,
     rank_map: Sequence[int] | None,
 ) -> str:
-    """One line of JSON in the schema of :data:`JSON_VERSION`."""
+    """One line of JSON in the schema of ``JSON_VERSION``."""
     payload = {
         _VERSION_KEY: JSON_VERSION,
         "axes": [
@@ -123,6 +123,6 @@ def dumps(
 
 
 def loads(text: str) -> Fields:
-    """The fields of the mesh ``text`` describes; :class:`MeshError` when the text is
+    """The fields of the mesh ``text`` describes; ``MeshError`` when the text is
     not JSON, not an fmesh mesh, of another version, or has bad fields."""
     return _fields(_json_payload(text))

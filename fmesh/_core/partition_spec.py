@@ -8,7 +8,7 @@ blocks, and a rank holds the block at the row-major index of its coordinates alo
 
 This module also computes the *shard plan* DTensor needs (per mesh axis: which tensor
 dim it splits and with which split factor) and its inverse. It never imports torch;
-:mod:`fmesh._distribute` turns plans into torch placements.
+``fmesh._torch.distribute`` turns plans into torch placements.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 PartitionEntry: TypeAlias = str | tuple[str, ...] | None
-"""One entry of a :class:`PartitionSpec`: ``None``, an axis name, or several names."""
+"""One entry of a ``PartitionSpec``: ``None``, an axis name, or several names."""
 
 
 def _canonical_entry(entry: object, position: int) -> PartitionEntry:
@@ -124,7 +124,7 @@ class PartitionSpec(tuple[PartitionEntry, ...]):
 
 
 P: Final = PartitionSpec
-"""Short alias of :class:`PartitionSpec`, as in JAX (``from fmesh import P``)."""
+"""Alias of [`PartitionSpec`][fmesh.PartitionSpec] (``from fmesh import P``), as in JAX."""
 
 
 def _names(entry: PartitionEntry) -> tuple[str, ...]:
@@ -203,7 +203,7 @@ def plan_from_spec(mesh: Mesh, spec: PartitionSpec, ndim: int) -> ShardPlan:
 
 
 def spec_from_plan(mesh: Mesh, plan: ShardPlan) -> PartitionSpec:
-    """The spec whose plan is ``plan`` (inverse of :func:`plan_from_spec`).
+    """The spec whose plan is ``plan`` (inverse of ``plan_from_spec``).
 
     Trailing unsplit dimensions are dropped, so the result is the shortest spec.
 

@@ -1,6 +1,6 @@
 """Rank queries on meshes (pure): where a rank sits, its groups, its instance.
 
-Queries cost O(number of modes) or O(size of the answer); :func:`instances` alone
+Queries cost O(number of modes) or O(size of the answer); ``instances`` alone
 returns (and so enumerates) the whole world, and a custom rank map is validated and
 inverted once per rank-map object.
 """
@@ -151,9 +151,10 @@ def _instance_bases(mesh: Mesh) -> Layout:
 def rank_at(mesh: Mesh, coordinate: Sequence[int], instance: int = 0) -> int:
     """The global rank at ``coordinate`` of instance number ``instance`` (O(modes)).
 
-    The inverse of :func:`coordinate`: ``rank_at(mesh, coordinate(mesh, r), k) == r``
-    for the instance ``k`` holding ``r``. Instances are numbered as in
-    :func:`instances` (by their base index), so
+    The inverse of [`coordinate`][fmesh.coordinate]:
+    ``rank_at(mesh, coordinate(mesh, r), k) == r`` for the instance ``k`` holding
+    ``r``. Instances are numbered as in [`instances`][fmesh.instances] (by their base
+    index), so
     ``rank_at(mesh, c, k) == instances(mesh)[(k, *c)]``.
 
     Args:

@@ -51,7 +51,7 @@ def same_ranks(a: Mesh, b: Mesh) -> bool:
     map otherwise. Slices, flattens and unflattens of a mesh cover the ranks it covers.
 
     Raises:
-        TypeError: when ``a`` or ``b`` is not a :class:`~fmesh.Mesh`.
+        TypeError: when ``a`` or ``b`` is not a [`Mesh`][fmesh.Mesh].
 
     >>> from fmesh import make_mesh, same_ranks
     >>> dense = make_mesh({"dp": 2, "tp": 4})
@@ -94,7 +94,7 @@ def same_groups(a: Mesh, axis_a: str, b: Mesh, axis_b: str, *, ordered: bool = T
 
     With ``ordered=True`` (the default) each group must list the same ranks in the
     same coordinate order, which is what makes two axes share one process group and
-    agree on group ranks (:func:`fmesh.realize` memoizes them as one); with
+    agree on group ranks ([`fmesh.realize`][fmesh.realize] memoizes them as one); with
     ``ordered=False`` only the members of each group must match.
 
     Cost: O(number of modes) when the meshes share their index space and rank map

@@ -1,6 +1,6 @@
 """Agreement among the ranks of a realize call that creates groups.
 
-Ranks that disagree, stall, die or skip a call get a :class:`~fmesh.MeshMismatchError`,
+Ranks that disagree, stall, die or skip a call get a ``MeshMismatchError``,
 never a hang; a call that agrees costs each rank about as much of the store as torch's
 own barrier. The protocol: ``docs/design/agreement-protocol.md``.
 """
@@ -170,12 +170,12 @@ def _store_error(ticket: Ticket, err: Exception) -> MeshMismatchError:
 
 def abort(ticket: Ticket, message: str) -> None:
     """Tell the other ranks why this rank gave up on ``ticket``'s call after it was
-    agreed (group creation failed here); they read it with :func:`failures`."""
+    agreed (group creation failed here); they read it with ``failures``."""
     append(_conn(ticket.store), ticket.prefix + "failed", f"{ticket.rank}\x1f{message}\x1e")
 
 
 def failures(ticket: Ticket, wait: float = 0.0) -> dict[int, str]:
-    """Why other ranks gave up on ``ticket``'s call (:func:`abort`), by rank, waiting
+    """Why other ranks gave up on ``ticket``'s call (``abort``), by rank, waiting
     up to ``wait`` seconds for a first report."""
     raw = wait_get(_conn(ticket.store), ticket.prefix + "failed", wait)
     if raw is None:

@@ -1,4 +1,4 @@
-"""The public face of the group memo: :func:`cache_stats` and :func:`destroy`."""
+"""The public face of the group memo: ``cache_stats`` and ``destroy``."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class CacheStats:
 
 
 def cache_stats() -> CacheStats:
-    """Counters of groups created and reused by :func:`realize` in this process.
+    """Counters of groups created and reused by [`realize`][fmesh.realize] in this process.
 
     >>> from fmesh import cache_stats
     >>> cache_stats().created >= 0
@@ -41,7 +41,7 @@ def cache_stats() -> CacheStats:
 
 
 def destroy() -> None:
-    """Destroy every process group fmesh created; a later :func:`realize` works again.
+    """Destroy every process group fmesh created; [`realize`][fmesh.realize] works again after.
 
     The default (world) group is left alone, even when fmesh initialized it; tear it
     down with ``torch.distributed.destroy_process_group()``.

@@ -1,7 +1,7 @@
 """A realize call, checked and laid out before anything is created.
 
-:func:`checked` validates the arguments and keys the call in its stream's memo (all a
-repeated call needs). :func:`expand` turns a new call into what ``realize`` carries
+``checked`` validates the arguments and keys the call in its stream's memo (all a
+repeated call needs). ``expand`` turns a new call into what ``realize`` carries
 out: the world it runs in, the ranks that agree, one request per axis, the call's code
 and its turn in the stream.
 """

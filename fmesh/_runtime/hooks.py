@@ -42,14 +42,14 @@ _device_mesh: list[ToDeviceMesh] = []
 
 def on_reset(hook: Callable[[], None]) -> None:
     """Call ``hook`` (under the memo lock) whenever the memo is reset: by
-    :func:`destroy`, or when the default process group changes. Modules that keep
+    ``destroy``, or when the default process group changes. Modules that keep
     per-group state of their own (the DeviceMesh interop) register here, so this
     package never imports them."""
     _reset_hooks.append(hook)
 
 
 def on_loss(hook: Callable[[], None]) -> None:
-    """Call ``hook`` (under the memo lock) after :func:`fmesh.recover` declared ranks
+    """Call ``hook`` (under the memo lock) after ``fmesh.recover`` declared ranks
     lost: state built on groups that may hold them must go."""
     _loss_hooks.append(hook)
 

@@ -117,7 +117,7 @@ def ensure_default_group(backend: str | None) -> None:
 def init_fake_world(world_size: int, rank: int) -> None:
     """Start the default process group on torch's ``fake`` backend, for dry runs.
 
-    This process then plays ``rank`` of a ``world_size``-rank world: :func:`realize`
+    This process then plays ``rank`` of a ``world_size``-rank world: [`realize`][fmesh.realize]
     creates this rank's groups as it would for real (nothing is communicated), so a
     100k-rank configuration can be checked on a laptop. Tear it down with
     ``fmesh.destroy()`` and ``torch.distributed.destroy_process_group()``.

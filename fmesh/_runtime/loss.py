@@ -1,4 +1,4 @@
-"""The loss state: ranks :func:`fmesh.recover` declared lost, the survivors, and the
+"""The loss state: ranks ``fmesh.recover`` declared lost, the survivors, and the
 groups retired because they held a lost rank."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class Loss:
     """What fmesh knows of lost ranks in this process (held by the memo's state)."""
 
     lost: frozenset[int] = frozenset()
-    """World ranks declared lost by :func:`fmesh.recover` (never used again)."""
+    """World ranks declared lost by ``fmesh.recover`` (never used again)."""
     survivors: tuple[int, ...] | None = None
     """The ranks that agree after a loss, ascending (``None``: the whole world)."""
     recoveries: int = 0

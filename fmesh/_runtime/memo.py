@@ -1,6 +1,6 @@
 """The process-wide memo of process groups, and the lock discipline around it.
 
-One :class:`State` per process. Its lock guards only dictionary updates: nothing
+One ``State`` per process. Its lock guards only dictionary updates: nothing
 holds it while waiting on peers (group creation, the cross-rank agreement), so
 ``cache_stats()``, ``destroy()`` and realize calls from other threads stay
 responsive. A group being created by one thread is marked *in flight*; another
@@ -51,7 +51,7 @@ def world_key(mesh: Mesh) -> WorldKey:
 
 @attrs.define
 class State:
-    """Everything fmesh holds per process (reset by :func:`destroy`)."""
+    """Everything fmesh holds per process (reset by ``destroy``)."""
 
     lock: threading.Lock = attrs.field(factory=threading.Lock)
     world: object | None = None

@@ -47,7 +47,7 @@ def realize(
     """Create (or reuse) the process groups the calling rank needs for ``mesh``.
 
     Every rank calls ``realize`` with the same mesh, in the same order (SPMD); ranks
-    outside the mesh get a :class:`RealizedMesh` with ``coordinate is None`` and no
+    outside the mesh get a [`RealizedMesh`][fmesh.RealizedMesh] with ``coordinate`` None and no
     groups. A call that creates nothing (every axis realized before in this thread, or
     served by the default group) is a local lookup: no store request, no peer. A call
     that creates groups first agrees with every rank, so ranks that disagree raise
@@ -70,7 +70,8 @@ def realize(
             does this for every call.
 
     Returns:
-        A :class:`RealizedMesh`.
+        A [`RealizedMesh`][fmesh.RealizedMesh]: this rank's coordinate and groups (none
+        off the mesh), and a torch ``DeviceMesh`` on demand.
 
     Raises:
         MeshMismatchError: ranks disagree about this call, or about the calls made

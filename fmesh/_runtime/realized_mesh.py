@@ -1,4 +1,4 @@
-"""The value realize hands back: :class:`RealizedMesh`."""
+"""The value realize hands back: ``RealizedMesh``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ __all__ = ["RealizedMesh"]
 @final
 @attrs.frozen(slots=True, eq=False)
 class RealizedMesh:
-    """A mesh with the process groups of the calling rank (from :func:`realize`)."""
+    """A mesh with the process groups of the calling rank (from [`realize`][fmesh.realize])."""
 
     mesh: Mesh
     """The mesh value that was realized."""

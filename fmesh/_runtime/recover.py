@@ -50,7 +50,8 @@ def recover(*, timeout: datetime.timedelta) -> frozenset[int]:
     recoveries are not counted again). From then on fmesh agrees among the survivors
     only; realizing a mesh that holds a lost rank is an error; groups among survivors
     stay memoized; the default group (which holds the lost ranks) is not used again.
-    Build the next mesh with :func:`fmesh.shrink` or :func:`fmesh.replace`.
+    Build the next mesh with [`fmesh.shrink`][fmesh.shrink] or
+    [`fmesh.replace`][fmesh.replace].
 
     Args:
         timeout: how long each survivor waits for the others to check in. Make it

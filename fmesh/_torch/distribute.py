@@ -1,7 +1,7 @@
 """PartitionSpec <-> DTensor: placements, ``distribute`` and ``spec_of``.
 
-The torch-facing half of :mod:`fmesh._spec`. Torch is imported inside the functions,
-so ``import fmesh`` stays torch-free. A realized mesh's DeviceMesh has exactly the
+The torch-facing half of ``fmesh._core.partition_spec``. Torch is imported inside the
+functions, so ``import fmesh`` stays torch-free. A realized mesh's DeviceMesh has exactly the
 mesh's axes in the mesh's order and reports fmesh coordinates, so the placements
 depend only on axis names and sizes.
 """
@@ -111,8 +111,8 @@ def distribute(
 
     Raises:
         TypeError: wrong argument types.
-        MeshError: a bad spec (see :func:`placements`), or a split dim whose size is
-            not divisible by its number of blocks.
+        MeshError: a bad spec (see [`placements`][fmesh.placements]), or a split dim
+            whose size is not divisible by its number of blocks.
     """
     import torch
     from torch.distributed.tensor import DTensor, distribute_tensor
@@ -150,7 +150,7 @@ def distribute(
 
 
 def spec_of(dtensor: DTensor, mesh: Mesh | RealizedMesh) -> PartitionSpec:
-    """The PartitionSpec of ``dtensor`` on ``mesh`` (inverse of :func:`distribute`).
+    """The spec of ``dtensor`` on ``mesh``: the inverse of [`distribute`][fmesh.distribute].
 
     Trailing unsplit dims are left out: ``spec_of`` of ``P('dp', None)`` gives
     ``P('dp')``.
@@ -160,7 +160,7 @@ def spec_of(dtensor: DTensor, mesh: Mesh | RealizedMesh) -> PartitionSpec:
         mesh: the fmesh mesh (or realized mesh) the DTensor lives on.
 
     Returns:
-        The shortest :class:`PartitionSpec` that shards like ``dtensor``.
+        The shortest [`PartitionSpec`][fmesh.PartitionSpec] that shards like ``dtensor``.
 
     Raises:
         TypeError: ``dtensor`` is not a DTensor.

@@ -44,8 +44,9 @@ def init_device_mesh(
     Every rank calls it with the same arguments (SPMD). Without ``mesh_dim_names`` the
     DeviceMesh has no dim names, as torch's. A dim spanning the whole world in rank
     order uses the default group. On a ``fake`` world (a dry run, see
-    :func:`fmesh.init_fake_world`) any device type torch knows is accepted, ``"cuda"``
-    without GPUs included. Ranks beyond the mesh get torch's non-participating mesh.
+    [`fmesh.init_fake_world`][fmesh.init_fake_world]) any device type torch knows is
+    accepted, ``"cuda"`` without GPUs included. Ranks beyond the mesh get torch's
+    non-participating mesh.
     On a ``threaded`` world (all ranks as threads of one process) it hands the call to
     torch's own ``init_device_mesh``: fmesh's memo is per process, one rank each.
 
@@ -61,7 +62,7 @@ def init_device_mesh(
         A new root ``DeviceMesh`` per call, as torch's. Roots over the same ranks share
         fmesh's groups and one rank map; torch's own methods on them and on every mesh
         derived from them (``__getitem__``, ``_flatten``, ``_unflatten``,
-        ``_concatenate``) create groups through :func:`fmesh.realize`.
+        ``_concatenate``) create groups through [`fmesh.realize`][fmesh.realize].
 
     Raises:
         DeviceMeshError: where torch raises ``RuntimeError``: repeated names, a names /
@@ -71,18 +72,18 @@ def init_device_mesh(
         MeshMismatchError: the ranks called it with different arguments.
         LaunchError: no process group and no torchrun environment to start one.
 
-    Example, one rank of a dry run on the fake backend::
+    Example, one rank of a dry run on the fake backend:
 
-        >>> import torch.distributed as dist
-        >>> import fmesh
-        >>> from fmesh.device_mesh import init_device_mesh
-        >>> fmesh.init_fake_world(8, 5)
-        >>> dm = init_device_mesh("cuda", (2, 4), mesh_dim_names=("dp", "tp"))
-        >>> dm["tp"].mesh.tolist(), dm.get_coordinate()
-        ([4, 5, 6, 7], (1, 1))
-        >>> init_device_mesh("cuda", (8,)).mesh_dim_names is None
-        True
-        >>> fmesh.destroy(); dist.destroy_process_group()
+    >>> import torch.distributed as dist
+    >>> import fmesh
+    >>> from fmesh.device_mesh import init_device_mesh
+    >>> fmesh.init_fake_world(8, 5)
+    >>> dm = init_device_mesh("cuda", (2, 4), mesh_dim_names=("dp", "tp"))
+    >>> dm["tp"].mesh.tolist(), dm.get_coordinate()
+    ([4, 5, 6, 7], (1, 1))
+    >>> init_device_mesh("cuda", (8,)).mesh_dim_names is None
+    True
+    >>> fmesh.destroy(); dist.destroy_process_group()
     """
     names = _check_names(mesh_shape, mesh_dim_names)
     overrides = (
@@ -145,7 +146,7 @@ def _check_names(
     mesh_shape: Sequence[int], mesh_dim_names: Sequence[str] | None
 ) -> tuple[str, ...]:
     """The axis names of the fmesh mesh: the given ones, or ``dim0``, ``dim1``, ...
-    (the names :func:`fmesh.from_device_mesh` gives unnamed dims) for an unnamed one."""
+    (the names ``fmesh.from_device_mesh`` gives unnamed dims) for an unnamed one."""
     if isinstance(mesh_shape, int) or not isinstance(mesh_shape, Sequence):
         raise TypeError(
             f"init_device_mesh() mesh_shape must be a tuple of ints, got {mesh_shape!r}"

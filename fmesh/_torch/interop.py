@@ -57,7 +57,7 @@ class _State:
     device_meshes: dict[tuple[Mesh, str, bool], DeviceMesh] = attrs.field(factory=dict)
     """to_device_mesh memo: (mesh, device type, unnamed) -> DeviceMesh."""
     roots: dict[tuple[WorldKey, str, bool], list[Any]] = attrs.field(factory=dict)
-    """Live root DeviceMeshes (:class:`Root`) per (rank space, device type, unnamed)."""
+    """Live root DeviceMeshes (``Root``) per (rank space, device type, unnamed)."""
 
     def reset(self) -> None:
         with self.lock:
@@ -192,7 +192,7 @@ def to_device_mesh(
     *,
     unnamed: bool = False,
 ) -> DeviceMesh:
-    """See :meth:`RealizedMesh.to_device_mesh`: ``mesh`` realized on this rank, at
+    """See ``RealizedMesh.to_device_mesh``: ``mesh`` realized on this rank, at
     ``coordinate``, with ``groups``. ``unnamed`` hands out a DeviceMesh without dim
     names (a mesh with one instance only), as torch's ``init_device_mesh`` makes."""
     found: DeviceMesh | None = None

@@ -1,6 +1,6 @@
 """The rank spaces fmesh's DeviceMeshes live in, and fmesh's answers to torch.
 
-One :class:`TorchSpace` per rank space (size and rank map) in this process holds the
+One ``TorchSpace`` per rank space (size and rank map) in this process holds the
 rank-map tensor and tuple that every DeviceMesh over it shares, roots from every
 ``init_device_mesh`` call included. Registered with the compat hook, it answers
 torch's own ``__getitem__``, ``_flatten``, ``_unflatten`` and ``_concatenate`` on
