@@ -45,12 +45,15 @@ def _views(init: Any, new_groups: list[int]) -> dict[str, tuple[Any, int]]:
         "same": root.mesh,
         "transposed": root.mesh.t(),  # every rank once, another order
         "renamed": root.mesh.view(4, 2),
-        "part": root.mesh[0],  # not the whole rank map: torch's
+        "part": root.mesh[0],  # one instance, the same on every rank
+        "column": root.mesh[:, 1],  # another, strided
         "copy": root.mesh.clone(),  # not a view: torch's
         "long": root.mesh.long(),  # another dtype: torch's
+        "bad_start": flat.mesh[1:5],  # starts in the middle of an instance: torch's
     }
     if root.get_coordinate() is not None:  # torch slices only where the rank is
-        tensors["slice"] = root["b"].mesh  # this rank's row: torch's
+        tensors["slice"] = root["b"].mesh  # this rank's row (FSDP2 on a slice)
+        tensors["slice_view"] = root["a"].mesh.view(-1, 1)
     out = {}
     for name, t in tensors.items():
         names = ("x", "y") if name == "renamed" else None
@@ -86,11 +89,48 @@ def test_views_of_a_rank_map_answer_as_torch(tmp_path: Path) -> None:
         assert out["fmesh"] == out["torch"], rank
         theirs = out["torch_new_group"]
         assert all(theirs.values()), theirs  # torch makes one per group of every mesh
-        # Whole views of the drop-in's rank maps (and what torch derives from one
+        # Views of the drop-in's rank maps (and what torch derives from a whole one
         # in order) are fmesh's; the rest stays torch's, with torch's calls.
-        torchs = {"part", "copy", "long", "slice"}
+        torchs = {"copy", "long", "bad_start"}
         want = {k: theirs[k] if k in torchs else 0 for k in theirs}
         assert out["fmesh_new_group"] == want, rank
+
+
+def fsdp_on_a_slice_job(_: int, __: int, rank: int) -> dict[str, Any]:
+    """FSDP2 on the dp_shard slice of a (4, 2) mesh with ``reshard_after_forward=2``
+    (each rank's post-forward mesh is a view of its own row), on a fake world."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh as torch_init
+    from torch.distributed.fsdp import fully_shard
+
+    from fmesh.device_mesh import init_device_mesh
+
+    fmesh.init_fake_world(8, rank)
+    new_groups = count_new_group()
+    out: dict[str, Any] = {}
+    for kind, init in (("torch", torch_init), ("fmesh", init_device_mesh)):
+        dm = init("cpu", (4, 2), mesh_dim_names=("dp_shard", "tp"))
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        new_groups[0] = 0
+        fully_shard(model[0], mesh=dm["dp_shard"], reshard_after_forward=2)
+        fully_shard(model, mesh=dm["dp_shard"], reshard_after_forward=2)
+        state: Any = fully_shard.state(model[0])  # type: ignore[attr-defined]  # torch's stub lacks it
+        post = state._fsdp_param_group.post_forward_mesh_info.mesh
+        out[kind] = (_answers(post), new_groups[0])
+    fmesh.destroy()
+    dist.destroy_process_group()
+    return out
+
+
+def test_fsdp2_on_a_slice_int_reshard_makes_no_torch_group(tmp_path: Path) -> None:
+    for rank in (0, 5):
+        (out,) = run_spawn(
+            fsdp_on_a_slice_job, 1, rank, tmp_path=tmp_path / str(rank)
+        ).values()
+        (theirs, their_calls), (ours, our_calls) = out["torch"], out["fmesh"]
+        assert ours == theirs
+        assert their_calls == 8 and our_calls == 0, (their_calls, our_calls)
 
 
 def _mlp() -> Any:

@@ -67,6 +67,10 @@ class Space(Protocol):
         """This rank's group for each dim (``[]`` off the mesh), or ``None`` to let
         torch create them."""
 
+    def in_view(self, axes: Sequence[Modes], offset: int) -> bool | None:
+        """Whether this rank is in the instance of the mesh of ``axes`` that starts at
+        index ``offset``; ``None`` where no instance of a mesh over this space does."""
+
 
 class RankTuple(tuple[int, ...]):
     """A rank map shared by every DeviceMesh of a root: equal to itself at once and
@@ -131,16 +135,18 @@ def space_of(rank_map: object) -> Space | None:
     return entry[1]
 
 
-View = tuple[Space, "torch.Tensor", list[Modes], bool]
+View = tuple[Space, "torch.Tensor", list[Modes], int, bool]
 """A tensor seen as a mesh of a registered space: (space, its rank map, the tensor's
-dims as modes over the rank map, whether the tensor lists the rank map in order)."""
+dims as modes over the rank map, the index of its first element, whether the tensor
+lists the whole rank map in order)."""
 
 
 def view_of(mesh: object) -> View | None:
     """The registered space ``mesh`` (a tensor given to ``DeviceMesh(device_type,
     mesh)``) is a view of, O(ndim): a CPU int tensor over a registered rank map's own
-    storage, from its first element, with as many elements (each rank once, whatever
-    the order). ``None`` for anything else (torch builds that mesh)."""
+    storage (the whole of it, in any order, or one instance of a mesh over it, such
+    as the row of a slice that ``slice.mesh`` returns). ``None`` for anything else
+    (torch builds that mesh)."""
     import torch
 
     if type(mesh) is not torch.Tensor or mesh.device.type != "cpu" or mesh.ndim == 0:
@@ -153,12 +159,14 @@ def view_of(mesh: object) -> View | None:
     base = None if entry is None else entry[0]()
     if entry is None or base is None or base.untyped_storage().data_ptr() != ptr:
         return None
-    if base.dtype != mesh.dtype or mesh.storage_offset() != base.storage_offset():
+    offset = int(mesh.storage_offset()) - int(base.storage_offset())
+    if base.dtype != mesh.dtype or offset < 0 or mesh.numel() > base.numel():
         return None
-    if mesh.numel() != base.numel() or base.ndim != 1 or not base.is_contiguous():
+    if base.ndim != 1 or not base.is_contiguous():
         return None
     axes: list[Modes] = [((int(s), int(d)),) for s, d in zip(mesh.shape, mesh.stride())]
-    return entry[1], base, axes, mesh.is_contiguous()
+    whole = mesh.is_contiguous() and mesh.numel() == base.numel()
+    return entry[1], base, axes, offset, whole
 
 
 def installed() -> bool:
@@ -326,13 +334,20 @@ def _view_init(
     """``DeviceMesh(device_type, mesh)`` over a view of a registered space: torch's
     ``__init__`` sets the fields (no groups), fmesh makes the groups. A view listing
     the rank map in order shares the space's rank map, so the meshes torch derives
-    from it are routed too. False (nothing done) where torch should build it all."""
+    from it are routed too. Any other view is realized as the mesh of its layout over
+    the space on every rank (so ranks that each pass their own instance, as FSDP2
+    does with a slice's ``mesh``, make one agreed call), and a rank outside the given
+    instance gets no groups, as on torch. False (nothing done) where torch should
+    build it all."""
     import torch.distributed as dist
 
-    space, base, axes, in_order = view
+    space, base, axes, offset, in_order = view
     if device_type == "xla" or not dist.is_initialized() or _torchcomms():
         return False
-    if dist.get_backend() == "threaded" or not space.coordinate(axes)[0]:
+    if dist.get_backend() == "threaded":
+        return False
+    member = space.in_view(axes, offset)
+    if member is None:
         return False
     init_backend = kwargs.get("_init_backend", True)
     previous(dm, device_type, mesh, **{**kwargs, "_init_backend": False})
@@ -344,7 +359,7 @@ def _view_init(
     overrides = kwargs.get("backend_override") or ((None, None),) * len(axes)
     specs = None if in_order else space.groups(axes, dm._mesh_dim_names, overrides)
     if specs is not None:
-        names = [name for name, _ in specs]
+        names = [name for name, _ in specs] if member else []
     else:
         names = type(dm)._init_process_groups(
             dm._layout, dm._rank_map, dm._mesh_dim_names, overrides

@@ -25,6 +25,7 @@ from .._core.errors import MeshError
 from .._core.layout import Layout
 from .._core.mesh import Mesh
 from .._core.queries import coordinate as coordinate_of
+from .._core.queries import index_of
 from .._runtime.hooks import on_loss, on_reset
 from .._runtime.memo import WorldKey, world_key
 
@@ -108,6 +109,23 @@ class TorchSpace:
         where = coordinate_of(mesh, dist.get_rank())
         # Off a mesh with several instances torch raises in __init__: keep its error.
         return (where is not None or mesh.num_instances == 1), where
+
+    def in_view(self, axes: Sequence[Modes], offset: int) -> bool | None:
+        import torch.distributed as dist
+
+        mesh = self.mesh(axes)
+        if mesh is None or not 0 <= offset < self.index_size:
+            return None
+
+        def origin(index: int) -> int:
+            """The first index of the instance that holds ``index``."""
+            spans = zip(mesh.axes, axes)
+            return index - sum(a.coordinate_of(index) * m[0][1] for a, m in spans if m)
+
+        if origin(offset) != offset:
+            return None
+        me = index_of(mesh, dist.get_rank())
+        return me is not None and origin(me) == offset
 
     def groups(
         self,
