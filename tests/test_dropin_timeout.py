@@ -4,6 +4,7 @@ and of the meshes torch's methods derive from it (real gloo processes)."""
 from __future__ import annotations
 
 import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -94,3 +95,28 @@ def test_a_bad_timeout_is_refused_with_torchs_classes(outs: list[dict[str, Any]]
         not_timedelta, zero = out["bad"]
         assert TypeError in not_timedelta
         assert ValueError in zero and fmesh.MeshError in zero
+
+
+def disagree_job(rank: int, world: int) -> float:
+    import time
+
+    import torch.distributed as dist
+
+    from fmesh.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    start = time.monotonic()
+    try:
+        init_device_mesh(
+            "cpu", (2, 2), mesh_dim_names=("dp", "tp"), timeout=TIMEOUT if rank == 0 else None
+        )
+    except fmesh.MeshMismatchError:
+        return time.monotonic() - start
+    raise AssertionError("no MeshMismatchError")
+
+
+def test_ranks_that_disagree_about_the_timeout_raise(tmp_path: Path) -> None:
+    # Groups made with another timeout are other groups: the agreement tells the calls
+    # apart, and every rank raises within seconds instead of making mismatched groups.
+    waited = run_spawn(disagree_job, WORLD, tmp_path=tmp_path, timeout=120).values()
+    assert max(waited) < 60, waited
