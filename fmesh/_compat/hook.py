@@ -344,7 +344,7 @@ def _view_init(
     space, base, axes, offset, in_order = view
     if device_type == "xla" or not dist.is_initialized() or _torchcomms():
         return False
-    if dist.get_backend() == "threaded":
+    if dist.get_backend() == "threaded" or kwargs.get("_rank") not in (None, dist.get_rank()):
         return False
     member = space.in_view(axes, offset)
     if member is None:

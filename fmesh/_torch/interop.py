@@ -336,6 +336,7 @@ def _sync_flattens(wk: WorldKey) -> None:
             for (w, _, unnamed), rs in state.roots.items()
             if w == wk and not unnamed
             for r in _live(rs)
+            if r.space.timeout is None  # fmesh's own axes carry no timeout
         ]
     if not names or not roots:
         return
