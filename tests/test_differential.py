@@ -49,6 +49,8 @@ Chain = tuple[tuple[int, ...], tuple[str, ...], int, tuple[Op, ...], tuple[int, 
 def _factor(rng: random.Random, n: int) -> tuple[int, ...] | None:
     """A split of ``n`` into 2-3 factors (1s allowed), or None for a prime-ish n."""
     divisors = [d for d in range(1, n + 1) if n % d == 0]
+    if not divisors:  # a size the chain does not track (0): torch decides
+        return None
     if len(divisors) < 2 and rng.random() < 0.7:
         return None
     a = rng.choice(divisors)
