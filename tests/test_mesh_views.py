@@ -201,3 +201,40 @@ def test_fsdp2_int_reshard_makes_no_torch_group(tmp_path: Path) -> None:
             assert ours["new_group"] == 0, (rank, name, ours)
             assert ours["losses"] == theirs["losses"], (rank, name)
         assert out["created"] > 0  # fmesh made the post-forward groups instead
+
+
+def instance_views_job(rank: int, world: int) -> dict[str, Any]:
+    """Views of one instance on 4 gloo ranks: each rank its own row (as FSDP2 on a
+    slice), and one row on every rank (ranks outside it hold no group)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from fmesh.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    new_groups = count_new_group()
+    root = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    out: dict[str, Any] = {}
+    for name, tensor in (("own_row", root["tp"].mesh), ("row_0", root.mesh[0])):
+        dm = DeviceMesh("cpu", tensor.view(1, -1))
+        x = torch.tensor([float(rank)])
+        if dm.get_coordinate() is not None:
+            dist.all_reduce(x, group=dm.get_group(1))
+        out[name] = (_answers(dm)[:4], x.item())
+    out["new_group"] = new_groups[0]
+    return out
+
+
+def test_views_of_one_instance_on_gloo(tmp_path: Path) -> None:
+    outs = run_spawn(instance_views_job, WORLD, tmp_path=tmp_path, timeout=120).values()
+    for rank, out in enumerate(outs):
+        row = [0, 1] if rank < 2 else [2, 3]
+        # Each rank its own row: a (1, 2) mesh with its groups, all-reduced within.
+        assert out["own_row"] == (([row], (0, rank % 2), None, [[rank], row]), sum(row))
+        # Row 0 on every rank: ranks 2 and 3 are outside it, as on torch.
+        if rank < 2:
+            assert out["row_0"] == (([[0, 1]], (0, rank), None, [[rank], [0, 1]]), 1.0)
+        else:
+            assert out["row_0"] == (([[0, 1]], None, None, None), rank)
+        assert out["new_group"] == 0, rank
