@@ -29,6 +29,7 @@ __all__ = [
     "default_store",
     "default_timeout",
     "fake_store",
+    "group_timeout",
     "init_fake_world",
     "is_live",
     "memory_store",
@@ -208,3 +209,20 @@ def init_fake_world(rank: int, world: int) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("fake", store=fake_store(), rank=rank, world_size=world)
+
+
+def group_timeout(pg: ProcessGroup) -> datetime.timedelta | None:
+    """The timeout ``pg``'s backend was created with, read back from its options
+    (torch has no public getter; 2.11-2.15 keep it in ``options._timeout``);
+    ``None`` where no backend of ``pg`` reports one (a fake group)."""
+    import torch
+
+    for device in ("cpu", "cuda"):
+        try:
+            backend = cast(Any, pg)._get_backend(torch.device(device))
+        except RuntimeError:  # no backend for this device type
+            continue
+        timeout = getattr(getattr(backend, "options", None), "_timeout", None)
+        if isinstance(timeout, datetime.timedelta):
+            return timeout
+    return None

@@ -6,8 +6,11 @@ and every group torch makes for it comes from ``DeviceMesh._init_process_groups`
 Both are wrapped here, once per process, when fmesh hands out its first DeviceMesh.
 A call whose rank map is one fmesh registered (``register_space``) is answered by
 fmesh: fields from fmesh's coordinates (no O(world) search) and groups through
-``fmesh.realize``. Any other call goes to the function that was there before
-(torch's, or a wrapper another library installed earlier).
+``fmesh.realize``. So is ``DeviceMesh(device_type, tensor)`` where the tensor is a
+view of the whole of a registered rank map (FSDP2's ``mesh.mesh.view(-1, r)``;
+:func:`view_of`): its groups come from ``fmesh.realize``. Any other call goes to the
+function that was there before (torch's, or a wrapper another library installed
+earlier).
 
 Off with ``FMESH_TORCH_HOOK=0`` (or ``false``, ``off``, ``no``) in the environment, read
 when fmesh first hands out a DeviceMesh; never installed on a torch outside 2.11-2.15.
@@ -36,6 +39,7 @@ __all__ = [
     "register_space",
     "space_of",
     "supported",
+    "view_of",
 ]
 
 SUPPORTED = ((2, 11), (2, 15))
@@ -63,6 +67,10 @@ class Space(Protocol):
         """This rank's group for each dim (``[]`` off the mesh), or ``None`` to let
         torch create them."""
 
+    def in_view(self, axes: Sequence[Modes], offset: int) -> bool | None:
+        """Whether this rank is in the instance of the mesh of ``axes`` that starts at
+        index ``offset``; ``None`` where no instance of a mesh over this space does."""
+
 
 class RankTuple(tuple[int, ...]):
     """A rank map shared by every DeviceMesh of a root: equal to itself at once and
@@ -87,6 +95,8 @@ class RankTuple(tuple[int, ...]):
 
 _lock = threading.Lock()
 _spaces: dict[int, tuple[weakref.ref[torch.Tensor], Space]] = {}
+_by_storage: dict[int, int] = {}
+"""The data pointer of a registered rank map's storage -> the rank map's id."""
 _installed = False
 
 
@@ -94,20 +104,27 @@ def register_space(rank_map: torch.Tensor, space: Space) -> None:
     """Route torch's methods on every DeviceMesh over ``rank_map`` (this tensor object)
     through ``space``."""
     key = id(rank_map)
+    ptr = rank_map.untyped_storage().data_ptr()
 
     # Bound now: at interpreter exit the module's globals may already be gone.
     def forget(
         ref: weakref.ref[torch.Tensor],
         key: int = key,
+        ptr: int = ptr,
         lock: threading.Lock = _lock,
         spaces: dict[int, tuple[weakref.ref[torch.Tensor], Space]] = _spaces,
+        by_storage: dict[int, int] = _by_storage,
     ) -> None:
         with lock:
             if key in spaces and spaces[key][0] is ref:
                 del spaces[key]
+                if by_storage.get(ptr) == key:
+                    del by_storage[ptr]
 
     with _lock:
         _spaces[key] = (weakref.ref(rank_map, forget), space)
+        if ptr:
+            _by_storage[ptr] = key
 
 
 def space_of(rank_map: object) -> Space | None:
@@ -116,6 +133,40 @@ def space_of(rank_map: object) -> Space | None:
     if entry is None or entry[0]() is not rank_map:
         return None
     return entry[1]
+
+
+View = tuple[Space, "torch.Tensor", list[Modes], int, bool]
+"""A tensor seen as a mesh of a registered space: (space, its rank map, the tensor's
+dims as modes over the rank map, the index of its first element, whether the tensor
+lists the whole rank map in order)."""
+
+
+def view_of(mesh: object) -> View | None:
+    """The registered space ``mesh`` (a tensor given to ``DeviceMesh(device_type,
+    mesh)``) is a view of, O(ndim): a CPU int tensor over a registered rank map's own
+    storage (the whole of it, in any order, or one instance of a mesh over it, such
+    as the row of a slice that ``slice.mesh`` returns). ``None`` for anything else
+    (torch builds that mesh)."""
+    import torch
+
+    if type(mesh) is not torch.Tensor or mesh.device.type != "cpu" or mesh.ndim == 0:
+        return None
+    if mesh.dtype != torch.int or mesh.requires_grad:
+        return None
+    ptr = mesh.untyped_storage().data_ptr()
+    key = _by_storage.get(ptr)
+    entry = None if key is None else _spaces.get(key)
+    base = None if entry is None else entry[0]()
+    if entry is None or base is None or base.untyped_storage().data_ptr() != ptr:
+        return None
+    offset = int(mesh.storage_offset()) - int(base.storage_offset())
+    if base.dtype != mesh.dtype or offset < 0 or mesh.numel() > base.numel():
+        return None
+    if base.ndim != 1 or not base.is_contiguous():
+        return None
+    axes: list[Modes] = [((int(s), int(d)),) for s, d in zip(mesh.shape, mesh.stride())]
+    whole = mesh.is_contiguous() and mesh.numel() == base.numel()
+    return entry[1], base, axes, offset, whole
 
 
 def installed() -> bool:
@@ -210,6 +261,9 @@ _INIT_KWARGS = frozenset(
 )
 
 
+_VIEW_KWARGS = frozenset({"mesh_dim_names", "backend_override", "_init_backend", "_rank"})
+
+
 def _wrap_init(previous: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(previous)
     def __init__(
@@ -218,6 +272,12 @@ def _wrap_init(previous: Callable[..., None]) -> Callable[..., None]:
         if mesh is None and not args and kwargs.keys() <= _INIT_KWARGS:
             space = space_of(kwargs.get("_rank_map"))
             if space is not None and _fast_init(self, space, device_type, kwargs):
+                return
+        elif mesh is not None and not args and kwargs.keys() <= _VIEW_KWARGS:
+            view = view_of(mesh)
+            if view is not None and _view_init(
+                self, previous, view, device_type, mesh, kwargs
+            ):
                 return
         previous(self, device_type, mesh, *args, **kwargs)
 
@@ -280,6 +340,55 @@ def _fast_init(dm: Any, space: Space, device_type: str, kwargs: dict[str, Any]) 
             pg = _resolve(name)
             if pg is not None:
                 registry[name] = pg
+    return True
+
+
+def _view_init(
+    dm: Any,
+    previous: Callable[..., None],
+    view: View,
+    device_type: str,
+    mesh: Any,
+    kwargs: dict[str, Any],
+) -> bool:
+    """``DeviceMesh(device_type, mesh)`` over a view of a registered space: torch's
+    ``__init__`` sets the fields (no groups), fmesh makes the groups. A view listing
+    the rank map in order shares the space's rank map, so the meshes torch derives
+    from it are routed too. Any other view is realized as the mesh of its layout over
+    the space on every rank (so ranks that each pass their own instance, as FSDP2
+    does with a slice's ``mesh``, make one agreed call), and a rank outside the given
+    instance gets no groups, as on torch. False (nothing done) where torch should
+    build it all."""
+    import torch.distributed as dist
+
+    space, base, axes, offset, in_order = view
+    if device_type == "xla" or not dist.is_initialized() or _torchcomms():
+        return False
+    if dist.get_backend() == "threaded" or kwargs.get("_rank") not in (None, dist.get_rank()):
+        return False
+    member = space.in_view(axes, offset)
+    if member is None:
+        return False
+    init_backend = kwargs.get("_init_backend", True)
+    previous(dm, device_type, mesh, **{**kwargs, "_init_backend": False})
+    if in_order:  # the same ranks in the same order: the space's own rank map
+        dm._rank_map, dm._flatten_rank_map = base, space.flat
+    if not init_backend:
+        return True
+    dm._setup_world_group_and_device()
+    overrides = kwargs.get("backend_override") or ((None, None),) * len(axes)
+    specs = None if in_order else space.groups(axes, dm._mesh_dim_names, overrides)
+    if specs is not None:
+        names = [name for name, _ in specs] if member else []
+    else:
+        names = type(dm)._init_process_groups(
+            dm._layout, dm._rank_map, dm._mesh_dim_names, overrides
+        )
+    dm._dim_group_names = names
+    for name in names:
+        pg = _resolve(name)
+        if pg is not None:
+            dm._pg_registry[name] = pg
     return True
 
 

@@ -67,7 +67,7 @@ def checked(
             memo_backend = tuple(sorted(backend.items(), key=lambda kv: str(kv[0])))
         if isinstance(options, Mapping):
             memo_options = tuple(sorted(options.items(), key=lambda kv: str(kv[0])))
-        key = (mesh, memo_backend, memo_options)
+        key = (mesh, memo_backend, memo_options, timeout)
         hash(key)
     except TypeError:
         key = None
@@ -133,7 +133,7 @@ def expand(args: Arguments) -> Call:
             )
     backends = tuple(world.backend if b is None else str(b) for b, _ in axis_args[0])
     served = tuple(
-        serves(world, mesh, layout, b, o)
+        serves(world, mesh, layout, b, o) and args.timeout is None
         for layout, b, (o, _) in zip(mesh.axes, backends, axis_args[1])
     )
     # The axes the default group serves need no group: their members are not listed.
@@ -151,9 +151,10 @@ def expand(args: Arguments) -> Call:
                 member=coord is not None,
                 backend=b,
                 options=o,
-                options_id=state.options_ordinal(o),
+                options_id=_options_id(o, args.timeout),
                 explicit=named,
                 ranks=members,
+                timeout=args.timeout,
             )
             for name, layout, b, (_, named), (o, _), members in zip(
                 mesh.axis_names, mesh.axes, backends, *axis_args, ranks_per_axis
@@ -175,6 +176,20 @@ def expand(args: Arguments) -> Call:
     return Call(
         args, world, ranks, coord, requests, code, summary, stream, turn, agrees, generation
     )
+
+
+_timeout_tags: dict[tuple[int, datetime.timedelta], object] = {}
+
+
+def _options_id(options: object, timeout: datetime.timedelta | None) -> int:
+    """The options ordinal of an axis (under the state lock); with a timeout, that of
+    (options, timeout): groups made with another timeout are other groups, in the
+    memo, in their names and in the agreement's code."""
+    ordinal = state.options_ordinal(options)
+    if timeout is None:
+        return ordinal
+    tag = _timeout_tags.setdefault((ordinal, timeout), object())
+    return state.options_ordinal(tag)
 
 
 PerAxis = tuple[tuple[object, bool], ...]

@@ -81,6 +81,9 @@ class AxisRequest:
     """This rank's group along the axis in coordinate order; off the mesh, the group at
     the mesh's first index (a non-member's part in a world-wide split); ``()`` where
     the default group serves the axis."""
+    timeout: datetime.timedelta | None = None
+    """The call's timeout: a group made with one is not the default group (and its
+    ``options_id`` tells it from groups made without, see ``call.py``)."""
 
     @property
     def members(self) -> tuple[int, ...] | None:
@@ -89,7 +92,9 @@ class AxisRequest:
 
     def served_by_world(self, world: World) -> bool:
         """The default group is this axis's group on every rank (O(1))."""
-        return serves(world, self.mesh, self.layout, self.backend, self.options)
+        return self.timeout is None and serves(
+            world, self.mesh, self.layout, self.backend, self.options
+        )
 
     @property
     def key(self) -> Hashable:

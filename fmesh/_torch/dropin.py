@@ -6,6 +6,7 @@ DeviceMesh that behaves as torch's: ``docs/design/device-mesh-internals.md``.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import math
 import os
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._core.errors import DeviceMeshError, MeshError
 from .._core.mesh import Mesh, make_mesh
-from .._runtime.checks import check_device_type
+from .._runtime.checks import check_device_type, check_timeout
 from .._runtime.launch import ensure_default_group
 from .._runtime.realize import realize
 from .interop import new_root
@@ -37,6 +38,7 @@ def init_device_mesh(
     mesh_dim_names: Sequence[str] | None = None,
     backend_override: Mapping[int | str, str | BackendOptions | tuple[str, BackendOptions]]
     | None = None,
+    timeout: datetime.timedelta | None = None,
 ) -> DeviceMesh:
     """A torch ``DeviceMesh`` of ``mesh_shape`` over ranks ``0..prod(mesh_shape)-1``,
     as ``torch.distributed.device_mesh.init_device_mesh`` makes it, with fmesh's groups.
@@ -57,6 +59,12 @@ def init_device_mesh(
         backend_override: per dim (by index, or by name when named): a backend name,
             backend options, or both as ``(backend, options)``; other dims use the
             default group's backend.
+        timeout: fmesh's keyword (torch has none): the timeout of every group of this
+            mesh and of the meshes torch's methods derive from it (``_flatten``,
+            ``_unflatten``, slicing, FSDP2's post-forward mesh), and of fmesh's
+            agreement before creating them. ``None``: torch's defaults. With a
+            timeout, a dim spanning the whole world gets a group of its own instead
+            of the default group; not supported on a ``threaded`` world.
 
     Returns:
         A new root ``DeviceMesh`` per call, as torch's. Roots over the same ranks share
@@ -86,6 +94,7 @@ def init_device_mesh(
     >>> fmesh.destroy(); dist.destroy_process_group()
     """
     names = _check_names(mesh_shape, mesh_dim_names)
+    timeout = check_timeout(timeout, "init_device_mesh")
     overrides = (
         None
         if backend_override is None
@@ -105,6 +114,11 @@ def init_device_mesh(
     if not dist.is_initialized():
         ensure_default_group(None)  # from the torchrun environment, as realize would
     if dist.get_backend() == "threaded":
+        if timeout is not None:
+            raise DeviceMeshError(
+                "init_device_mesh(timeout=...) is fmesh's and needs fmesh's groups, "
+                "which a threaded world does not use; drop timeout= there"
+            )
         return _torch_init_device_mesh(device_type, mesh_shape, mesh_dim_names, overrides)
     world = dist.get_world_size()
     size = math.prod(mesh_shape)
@@ -129,9 +143,15 @@ def init_device_mesh(
         if o is not None:
             options[name] = o
     with realizing_torch_roots():
-        realized = realize(mesh, backend=backend or None, options=options or None)
+        realized = realize(
+            mesh, backend=backend or None, options=options or None, timeout=timeout
+        )
     return new_root(
-        realized.mesh, realized.groups, device_type, unnamed=mesh_dim_names is None
+        realized.mesh,
+        realized.groups,
+        device_type,
+        unnamed=mesh_dim_names is None,
+        timeout=timeout,
     )
 
 

@@ -7,6 +7,7 @@ own do, with fmesh's memoized groups; how roots, slices and flattens are built:
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import threading
 import weakref
@@ -220,7 +221,7 @@ def to_device_mesh(
     dim_groups = _groups(mesh, coordinate, groups)
     with state.lock:
         roots = _live(state.roots.setdefault((wk, device_type, unnamed), []))
-        root = next((r for r in roots if r.has_axes(view)), None)
+        root = next((r for r in roots if r.space.timeout is None and r.has_axes(view)), None)
         root_dm = None if root is None else root.ref()
     dm: DeviceMesh | None = None
     if root is None or root_dm is None:
@@ -248,15 +249,19 @@ def new_root(
     device_type: str,
     *,
     unnamed: bool,
+    timeout: datetime.timedelta | None = None,
 ) -> DeviceMesh:
     """A new root DeviceMesh of ``mesh`` (one instance, realized on this rank with
     ``groups``), as every call of torch's ``init_device_mesh`` makes one: the roots
-    of one rank space share its rank map and fmesh's groups, not their flattens."""
+    of one rank space share its rank map and fmesh's groups, not their flattens.
+    Roots with a ``timeout`` share a rank map of their own: the groups torch's
+    methods make under them get it."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
     coordinate = coordinate_of(mesh, rank)
-    root, dm = _make(mesh, device_type, rank, None, unnamed, _groups(mesh, coordinate, groups))
+    dim_groups = _groups(mesh, coordinate, groups)
+    root, dm = _make(mesh, device_type, rank, None, unnamed, dim_groups, timeout)
     wk = world_key(mesh)
     with state.lock:
         _live(state.roots.setdefault((wk, device_type, unnamed), [])).append(root)
@@ -271,9 +276,10 @@ def _make(
     root: tuple[Root, DeviceMesh] | None,
     unnamed: bool,
     dim_groups: Sequence[tuple[str, Any]] | None,
+    timeout: datetime.timedelta | None = None,
 ) -> tuple[Root, DeviceMesh]:
     """The DeviceMesh of ``mesh`` (a root when ``root`` is None), with its facts."""
-    space = space_for(mesh) if root is None else root[0].space
+    space = space_for(mesh, timeout) if root is None else root[0].space
     coord = coordinate_of(mesh, rank)
     # torch's own search fails off a mesh with several instances: keep its answer.
     known = (coord, space.flat) if coord is not None or mesh.num_instances == 1 else None
@@ -330,6 +336,7 @@ def _sync_flattens(wk: WorldKey) -> None:
             for (w, _, unnamed), rs in state.roots.items()
             if w == wk and not unnamed
             for r in _live(rs)
+            if r.space.timeout is None  # fmesh's own axes carry no timeout
         ]
     if not names or not roots:
         return

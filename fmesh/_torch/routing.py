@@ -1,17 +1,20 @@
 """The rank spaces fmesh's DeviceMeshes live in, and fmesh's answers to torch.
 
-One ``TorchSpace`` per rank space (size and rank map) in this process holds the
-rank-map tensor and tuple that every DeviceMesh over it shares, roots from every
-``init_device_mesh`` call included. Registered with the compat hook, it answers
-torch's own ``__getitem__``, ``_flatten``, ``_unflatten`` and ``_concatenate`` on
-those meshes: coordinates from fmesh's queries (O(number of axes)), groups through
-``fmesh.realize`` (this rank's groups only, memoized, agreed first).
+One ``TorchSpace`` per rank space (size and rank map) and timeout in this process
+holds the rank-map tensor and tuple that every DeviceMesh over it shares, roots from
+every ``init_device_mesh`` call included (roots made with ``timeout=`` share one of
+their own, so every group torch's methods make under them gets that timeout).
+Registered with the compat hook, it answers torch's own ``__getitem__``, ``_flatten``,
+``_unflatten`` and ``_concatenate`` on those meshes: coordinates from fmesh's queries
+(O(number of axes)), groups through ``fmesh.realize`` (this rank's groups only,
+memoized, agreed first).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
 import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, final
@@ -22,6 +25,7 @@ from .._core.errors import MeshError
 from .._core.layout import Layout
 from .._core.mesh import Mesh
 from .._core.queries import coordinate as coordinate_of
+from .._core.queries import index_of
 from .._runtime.hooks import on_loss, on_reset
 from .._runtime.memo import WorldKey, world_key
 
@@ -31,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["TorchSpace", "realizing_torch_roots", "space_for", "torch_roots"]
 
 _lock = threading.Lock()
-_spaces: dict[WorldKey, TorchSpace] = {}
+_spaces: dict[tuple[WorldKey, datetime.timedelta | None], TorchSpace] = {}
 
 _torch_roots: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "fmesh_torch_roots", default=False
@@ -59,11 +63,18 @@ class TorchSpace:
     """One rank space: torch's rank map (tensor and shared tuple) and the fmesh
     meshes of the layouts torch asked about."""
 
-    def __init__(self, index_size: int, rank_map: tuple[int, ...] | None) -> None:
+    def __init__(
+        self,
+        index_size: int,
+        rank_map: tuple[int, ...] | None,
+        timeout: datetime.timedelta | None = None,
+    ) -> None:
         import torch
 
         self.index_size = index_size
         self.rank_map = rank_map
+        self.timeout = timeout
+        """Given to every realize call for the meshes over this space."""
         if rank_map is None:
             self.tensor: torch.Tensor = torch.arange(index_size, dtype=torch.int)
             self._flat = RankTuple(range(index_size))
@@ -99,6 +110,23 @@ class TorchSpace:
         # Off a mesh with several instances torch raises in __init__: keep its error.
         return (where is not None or mesh.num_instances == 1), where
 
+    def in_view(self, axes: Sequence[Modes], offset: int) -> bool | None:
+        import torch.distributed as dist
+
+        mesh = self.mesh(axes)
+        if mesh is None or not 0 <= offset < self.index_size:
+            return None
+
+        def origin(index: int) -> int:
+            """The first index of the instance that holds ``index``."""
+            spans = zip(mesh.axes, axes)
+            return index - sum(a.coordinate_of(index) * m[0][1] for a, m in spans if m)
+
+        if origin(offset) != offset:
+            return None
+        me = index_of(mesh, dist.get_rank())
+        return me is not None and origin(me) == offset
+
     def groups(
         self,
         axes: Sequence[Modes],
@@ -114,22 +142,24 @@ class TorchSpace:
         backend = {n: b for n, (b, _) in zip(named, configs) if b is not None}
         options = {n: o for n, (_, o) in zip(named, configs) if o is not None}
         with realizing_torch_roots():
-            realized = realize(mesh, backend=backend or None, options=options or None)
+            realized = realize(
+                mesh, backend=backend or None, options=options or None, timeout=self.timeout
+            )
         if realized.coordinate is None:
             return []
         return [(pg.group_name, pg) for pg in (realized.groups[n] for n in named)]
 
 
-def space_for(mesh: Mesh) -> TorchSpace:
-    """The shared space of ``mesh``'s rank space, registered with the hook (which is
-    installed here, the first time fmesh makes a DeviceMesh)."""
-    wk = world_key(mesh)
+def space_for(mesh: Mesh, timeout: datetime.timedelta | None = None) -> TorchSpace:
+    """The shared space of ``mesh``'s rank space and ``timeout``, registered with the
+    hook (which is installed here, the first time fmesh makes a DeviceMesh)."""
+    key = (world_key(mesh), timeout)
     with _lock:
-        space = _spaces.get(wk)
+        space = _spaces.get(key)
     if space is None:
-        made = TorchSpace(mesh.index_size, mesh.rank_map)
+        made = TorchSpace(mesh.index_size, mesh.rank_map, timeout)
         with _lock:
-            space = _spaces.setdefault(wk, made)
+            space = _spaces.setdefault(key, made)
         if space is made:
             register_space(space.tensor, space)
     install()
