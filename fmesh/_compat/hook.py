@@ -36,6 +36,7 @@ __all__ = [
     "register_space",
     "space_of",
     "supported",
+    "uninstall",
 ]
 
 SUPPORTED = ((2, 11), (2, 15))
@@ -267,3 +268,32 @@ def _resolve(name: str) -> Any:
     from torch.distributed import distributed_c10d
 
     return cast(Any, distributed_c10d)._resolve_process_group(name)
+
+
+def uninstall() -> bool:
+    """Undo :func:`install` (``fmesh plan`` leaves torch as it found it). Returns
+    False, changing nothing, when the methods are no longer fmesh's wrappers (another
+    library wrapped them since); True when nothing of fmesh's is installed after it."""
+    global _installed
+    with _lock:
+        if not _installed:
+            return True
+        from torch.distributed.device_mesh import DeviceMesh
+
+        cls: Any = DeviceMesh
+        init = cls.__dict__["__init__"]
+        groups = cls.__dict__["_init_process_groups"].__func__
+        ours = (
+            getattr(init, "__code__", None) is _wrap_init(_noop).__code__
+            and getattr(groups, "__code__", None) is _wrap_groups(_noop).__code__
+        )
+        if not ours:
+            return False
+        cls.__init__ = init.__wrapped__
+        cls._init_process_groups = staticmethod(groups.__wrapped__)
+        _installed = False
+    return True
+
+
+def _noop(*args: Any, **kwargs: Any) -> Any:
+    """A stand-in to wrap: its wrapper has the code object fmesh's wrappers share."""
