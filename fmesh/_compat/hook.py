@@ -37,6 +37,7 @@ __all__ = [
     "space_of",
     "supported",
     "uninstall",
+    "unregister_space",
 ]
 
 SUPPORTED = ((2, 11), (2, 15))
@@ -109,6 +110,15 @@ def register_space(rank_map: torch.Tensor, space: Space) -> None:
 
     with _lock:
         _spaces[key] = (weakref.ref(rank_map, forget), space)
+
+
+def unregister_space(rank_map: torch.Tensor) -> None:
+    """Stop routing DeviceMeshes over ``rank_map`` (the space holds the tensor, so
+    without this neither would ever be freed)."""
+    with _lock:
+        entry = _spaces.get(id(rank_map))
+        if entry is not None and entry[0]() is rank_map:
+            del _spaces[id(rank_map)]
 
 
 def space_of(rank_map: object) -> Space | None:
