@@ -2,7 +2,7 @@
 
 The target is ``package.module:function`` (imported with the current directory on
 the path, as ``python -m`` does) or ``path/to/file.py:function``. ``--rank`` takes
-ranks (``0,5,131071``) or ``sample:K``. The work is :func:`fmesh.plan`; this module
+ranks (``0,5,131071``) or ``sample:K``. The work is ``fmesh.plan()``; this module
 parses, loads the target and prints. Exit status: 0 when the planned ranks agree, 1
 when they diverge (or the function raised), 2 for bad arguments.
 """

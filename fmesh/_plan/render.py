@@ -1,7 +1,7 @@
-"""A :class:`PlanReport` as text (``fmesh plan``) and as JSON (``fmesh plan --json``).
+"""A ``PlanReport`` as text (``fmesh plan``) and as JSON (``fmesh plan --json``).
 
 Pure. Groups print as their first members and the last one; JSON lists a group's
-members in full up to :data:`JSON_MEMBERS` ranks (``null`` beyond: compute them with
+members in full up to ``JSON_MEMBERS`` ranks (``null`` beyond: compute them with
 ``fmesh.group``).
 """
 

@@ -48,7 +48,7 @@ class GroupPlan:
     source: Mesh = attrs.field(repr=False)
     """The mesh realized with the group (members are computed from it)."""
     source_axis: str = attrs.field(repr=False)
-    """The axis of :attr:`source` along which the group lies."""
+    """The axis of ``source`` along which the group lies."""
     rank: int = attrs.field(repr=False)
     """The planned rank."""
 
@@ -125,27 +125,27 @@ class RankPlan:
     held: int
     """Distinct process groups the rank's meshes use (the default group included)."""
     communicators: int
-    """Of :attr:`held`, the groups of more than one rank (each a communicator on NCCL)."""
+    """Of ``held``, the groups of more than one rank (each a communicator on NCCL)."""
     seconds: float
     """Wall time of the planned function on this rank."""
     peak_memory: int | None
     """Peak resident memory of the process while the function ran, in bytes
     (``None`` where the platform cannot reset the peak: not Linux)."""
     memory_growth: int | None
-    """:attr:`peak_memory` less the resident memory before the call, in bytes."""
+    """``peak_memory`` less the resident memory before the call, in bytes."""
 
 
 @final
 @attrs.frozen
 class PlanDivergence:
     """The first creating call where two planned ranks differ: a launch would raise
-    :class:`~fmesh.MeshMismatchError` there (torch's own DeviceMesh would hang)."""
+    ``fmesh.MeshMismatchError`` there (torch's own DeviceMesh would hang)."""
 
     number: int
     """The creating call's number (1, 2, ...)."""
     ranks: tuple[int, int]
     calls: tuple[PlannedCall | None, PlannedCall | None]
-    """Each rank's call at :attr:`number` (``None``: it makes no such call)."""
+    """Each rank's call at ``number`` (``None``: it makes no such call)."""
 
     @property
     def message(self) -> str:
@@ -171,14 +171,14 @@ class PlanDivergence:
         return f"{reason}. {_HELP}"
 
     def error(self) -> MeshMismatchError:
-        """The error :meth:`PlanReport.check` raises."""
+        """The error ``PlanReport.check()`` raises."""
         return MeshMismatchError(self.message)
 
 
 @final
 @attrs.frozen
 class PlanReport:
-    """Everything ``fmesh.plan`` found: one :class:`RankPlan` per planned rank and the
+    """Everything ``fmesh.plan`` found: one ``RankPlan`` per planned rank and the
     cross-rank check."""
 
     target: str
@@ -201,7 +201,7 @@ class PlanReport:
         raise KeyError(f"rank {rank} was not planned; planned: {[r.rank for r in self.ranks]}")
 
     def check(self) -> None:
-        """Raise :class:`~fmesh.MeshMismatchError` if two planned ranks differ."""
+        """Raise ``fmesh.MeshMismatchError`` if two planned ranks differ."""
         if self.divergence is not None:
             raise self.divergence.error()
 

@@ -51,7 +51,7 @@ def plan(
     """Run ``fn()`` as each of some ranks of a fake world and report what it built.
 
     For each rank, in turn: a fresh default group of ``world`` ranks on torch's
-    ``fake`` backend (:func:`fmesh.init_fake_world`), ``RANK``, ``WORLD_SIZE``,
+    ``fake`` backend (``fmesh.init_fake_world()``), ``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` set as torchrun would (hosts of 8), and
     torch's own ``init_device_mesh`` and DeviceMesh methods routed through fmesh, so
     unmodified trainer code is planned too. Then ``fn()`` runs; its meshes, groups,
@@ -73,8 +73,8 @@ def plan(
         on_rank: called with each rank's plan as soon as it is done (progress).
 
     Returns:
-        A :class:`PlanReport`; :meth:`PlanReport.check` raises
-        :class:`MeshMismatchError` when two ranks would disagree at launch.
+        A ``PlanReport``; ``PlanReport.check()`` raises
+        ``MeshMismatchError`` when two ranks would disagree at launch.
 
     Raises:
         MeshError: a world or rank out of range; a default process group exists.
@@ -374,7 +374,7 @@ def _reset_peak() -> int | None:
 
 
 def _peak() -> int | None:
-    """The peak resident memory since :func:`_reset_peak`, in bytes."""
+    """The peak resident memory since ``_reset_peak()``, in bytes."""
     kib = _status_kib("VmHWM")
     if kib is None:
         return None
