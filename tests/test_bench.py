@@ -43,6 +43,7 @@ SECTIONS = {
     "memory",
     "torchtitan (fake)",
     "torchtitan (gloo)",
+    "plan (fake)",
 }
 EXTRAPOLATED = {2**17, 2**20}
 """World sizes the store load is extrapolated to."""

@@ -118,14 +118,17 @@ def plan(
         )
     plans: list[RankPlan] = []
     queue = list(wanted) if wanted is not None else [0]
-    while queue:
-        rank = queue.pop(0)
-        rank_plan, meshes = _plan_rank(fn, world, rank)
-        plans.append(rank_plan)
-        if on_rank is not None:
-            on_rank(rank_plan)
-        if wanted is None and len(plans) == 1:
-            queue = [r for r in spread(world, meshes, count) if r != rank]
+    # Routed once for all ranks: finding every module that holds torch's function
+    # scans all modules (tens of ms with torch loaded).
+    with routed_torch():
+        while queue:
+            rank = queue.pop(0)
+            rank_plan, meshes = _plan_rank(fn, world, rank)
+            plans.append(rank_plan)
+            if on_rank is not None:
+                on_rank(rank_plan)
+            if wanted is None and len(plans) == 1:
+                queue = [r for r in spread(world, meshes, count) if r != rank]
     target = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
     return PlanReport(target, world, tuple(plans), first_divergence(plans))
 
@@ -170,7 +173,7 @@ def _plan_rank(fn: Callable[[], object], world: int, rank: int) -> tuple[RankPla
     import torch.distributed as dist
 
     recorder = _Recorder(rank)
-    with _torchrun_environment(world, rank), routed_torch():
+    with _torchrun_environment(world, rank):
         init_fake_world(world, rank)
         _active.append(recorder)
         try:
