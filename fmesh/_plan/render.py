@@ -51,13 +51,18 @@ def rank_line(p: RankPlan) -> str:
     )
 
 
-def _mesh_rows(m: MeshPlan, rank: int) -> list[list[str]]:
+def _mesh_rows(
+    m: MeshPlan, rank: int, shown: dict[tuple[object, str], str]
+) -> list[list[str]]:
+    """A mesh's rows: one per axis; a group an earlier row showed says so (``shown``:
+    (source mesh, axis) -> where it was shown, updated here)."""
     shape = ", ".join(f"{n}={s}" for n, s in zip(m.axis_names, m.sizes, strict=True))
     if m.coordinate is None:
         return [[m.name, shape, "", "", "", f"rank {rank} is not in this mesh"]]
     rows = []
     for i, g in enumerate(m.groups):
-        head = g.head()
+        where = shown.setdefault((g.source, g.source_axis), f"{m.name}.{g.axis}")
+        same = "" if where == f"{m.name}.{g.axis}" else f"  (the group of {where})"
         rows.append(
             [
                 m.name if i == 0 else "",
@@ -65,7 +70,7 @@ def _mesh_rows(m: MeshPlan, rank: int) -> list[list[str]]:
                 g.axis,
                 str(g.size),
                 str(g.group_rank),
-                _ranks(head, g.size),
+                _ranks(g.head(), g.size) + same,
             ]
         )
     return rows
@@ -81,10 +86,21 @@ def plan_text(report: PlanReport) -> str:
     ]
     for p in report.ranks:
         out += ["", rank_line(p)]
-        rows = [row for m in p.meshes for row in _mesh_rows(m, p.rank)]
+        shown: dict[tuple[object, str], str] = {}
+        rows: list[list[str]] = []
+        views: list[str] = []
+        for m in p.meshes:
+            seen = [shown.get((g.source, g.source_axis)) for g in m.groups]
+            if m.groups and m.new_groups == 0 and all(seen):
+                # A view of groups shown above (torchtitan's 1-d meshes): one mention.
+                views.append(f"{m.name} = {' x '.join(s for s in seen if s)}")
+                continue
+            rows += _mesh_rows(m, p.rank, shown)
         if rows:
             header = ["mesh", "shape", "axis", "size", "coord", f"group of rank {p.rank}"]
             out += ["  " + line for line in _table(header, rows, right={3, 4})]
+        if views:
+            out.append(f"  also returned, over the groups above: {', '.join(views)}")
     out.append("")
     calls = {len(p.calls) for p in report.ranks}
     if report.divergence is None:
