@@ -269,8 +269,8 @@ def refuse_unknown_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | 
         if flag.startswith("-"):
             close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]}?" if close else ""
-            parser.error(f"unrecognized argument {flag}{hint}")
-    parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            (sub or parser).error(f"unrecognized argument {flag}{hint}")
+    (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
