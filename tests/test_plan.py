@@ -332,11 +332,14 @@ import fmesh, fmesh.device_mesh
 from fmesh._compat import hook
 import plan_targets
 
-before = (tdm.init_device_mesh, dist.init_device_mesh, plan_targets.init_device_mesh,
-          DeviceMesh.__dict__["__init__"], DeviceMesh.__dict__["_init_process_groups"].__func__)
+def torch_state():
+    methods = DeviceMesh.__dict__
+    return (tdm.init_device_mesh, dist.init_device_mesh, plan_targets.init_device_mesh,
+            methods["__init__"], methods["_init_process_groups"].__func__)
+
+before = torch_state()
 report = fmesh.plan(plan_targets.torch_trainer, world=8, ranks=[0, 5])
-after = (tdm.init_device_mesh, dist.init_device_mesh, plan_targets.init_device_mesh,
-         DeviceMesh.__dict__["__init__"], DeviceMesh.__dict__["_init_process_groups"].__func__)
+after = torch_state()
 print("restored", [a is b for a, b in zip(before, after)])
 print("hook", hook.installed())
 print("routed", [f is fmesh.device_mesh.init_device_mesh for f in plan_targets.SEEN])

@@ -92,8 +92,10 @@ def realize(
                     return realized
     start = time.perf_counter()
     call = expand(args)
-    if call.agrees:
-        run_creating_call_hooks(call.turn.number, call.turn.code, call.summary, call.turn.history)
+    if call.agrees:  # fmesh plan compares these across ranks, fake worlds included
+        run_creating_call_hooks(
+            call.turn.number, call.turn.code, call.summary, call.turn.history
+        )
     world, me, stream_name = call.world, call.world.rank, args.stream_name
     ticket: _agree.Ticket | None = None
     if call.agrees and not world.fake and world.size > 1:
