@@ -73,16 +73,15 @@ def plan(
         on_rank: called with each rank's plan as soon as it is done (progress).
 
     Returns:
-        A ``PlanReport``; ``PlanReport.check()`` raises
-        ``MeshMismatchError`` when two ranks would disagree at launch.
+        A ``PlanReport``, whose ``check()`` raises ``MeshMismatchError`` when
+            two ranks would disagree at launch.
 
     Raises:
         MeshError: a world or rank out of range; a default process group exists.
         TypeError: ``ranks`` and ``sample`` both given, or arguments of the wrong type.
         Exception: whatever ``fn`` raised, with a note naming the rank.
 
-    Example::
-
+    Example:
         >>> import fmesh
         >>> def build():
         ...     fmesh.realize(fmesh.make_mesh({"dp": 4, "tp": 2}))
