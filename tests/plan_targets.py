@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import fmesh
@@ -20,8 +21,10 @@ def _world_rank() -> tuple[int, int]:
 
 
 def torch_trainer() -> dict[str, Any]:
-    """torch's own API: a 2-d mesh, a slice, a flatten."""
+    """torch's own API, as a trainer starts: its default group (NCCL, which this
+    machine may not have), then a 2-d mesh, a slice, a flatten."""
     SEEN.append(init_device_mesh)
+    dist.init_process_group("nccl")
     world, _ = _world_rank()
     mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
     return {"mesh": mesh, "tp": mesh["tp"], "flat": mesh["dp", "tp"]._flatten("flat")}

@@ -327,6 +327,7 @@ import sys
 sys.path.insert(0, "tests")
 import torch.distributed as dist
 import torch.distributed.device_mesh as tdm
+from torch.distributed import distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 import fmesh, fmesh.device_mesh
 from fmesh._compat import hook
@@ -335,7 +336,8 @@ import plan_targets
 def torch_state():
     methods = DeviceMesh.__dict__
     return (tdm.init_device_mesh, dist.init_device_mesh, plan_targets.init_device_mesh,
-            methods["__init__"], methods["_init_process_groups"].__func__)
+            methods["__init__"], methods["_init_process_groups"].__func__,
+            dist.init_process_group, c10d.init_process_group)
 
 before = torch_state()
 report = fmesh.plan(plan_targets.torch_trainer, world=8, ranks=[0, 5])
@@ -364,8 +366,10 @@ def test_torch_is_routed_for_the_plan_and_restored_after() -> None:
     )
     assert result.returncode == 0, result.stderr
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
-    # torch's function everywhere, and DeviceMesh's own methods.
-    assert lines["restored"] == "[True, True, True, True, True]"
+    # torch's functions everywhere (init_process_group too: the planned trainer
+    # started its own NCCL group, which the fake world stood in for), and
+    # DeviceMesh's own methods.
+    assert lines["restored"] == "[True, True, True, True, True, True, True]"
     assert lines["hook"] == "False"  # fmesh's hook was not installed before: it is gone
     assert lines["routed"] == "[True, True]"  # the module-level import saw the drop-in
     assert lines["kept"] == "True"

@@ -191,7 +191,8 @@ def _plan_rank(fn: Callable[[], object], world: int, rank: int) -> tuple[RankPla
         finally:
             _active.remove(recorder)
             destroy()
-            dist.destroy_process_group()
+            if dist.is_initialized():  # the function may have torn it down itself
+                dist.destroy_process_group()
     growth = None if peak is None or resident is None else max(peak - resident, 0)
     rank_plan = RankPlan(
         rank=rank,
