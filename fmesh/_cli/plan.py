@@ -104,7 +104,7 @@ def plan_target(target: str, *, world: int, rank: str, as_json: bool) -> tuple[s
 
     tty = sys.stderr.isatty()
     done = [0]
-    total = len(ranks) if ranks is not None else sample
+    total = len(set(ranks)) if ranks is not None else min(sample or 0, world)
 
     def progress(p: RankPlan) -> None:
         done[0] += 1
