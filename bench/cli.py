@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from . import dropin, elastic, fake, gloo, hits, memory, pure, report, store_load, titan
+from . import dropin, elastic, fake, gloo, hits, memory, plan, pure, report, store_load, titan
 from .launch import WorkerError
 from .shared import SHAPES, Bench, Json, Mode, expert_shape
 
@@ -104,6 +104,7 @@ SECTIONS: tuple[Callable[[Bench], None], ...] = (
     elastic.section,
     memory.section,
     titan.section,
+    plan.section,
 )
 
 

@@ -24,6 +24,14 @@ Dry run for one rank of a big world, on torch's fake backend (no torchrun, no GP
     python examples/parallel_dims.py --plan --world 2**17 --pp 8 --dp-replicate 4 \\
         --cp 2 --tp 8 --ep 16 --rank 77777
 
+Check torchtitan's own recipe (torch's ``init_device_mesh`` and ``DeviceMesh._unflatten``,
+call for call) before launch: ``fmesh plan`` runs :func:`torchtitan` as 16 ranks of a
+2**17-rank fake world, each with torch routed through fmesh, and compares the ranks'
+calls; :func:`torchtitan_buggy` plants a rank-dependent config that it finds:
+
+    fmesh plan --world 2**17 --rank sample:16 examples/parallel_dims.py:torchtitan
+    fmesh plan --world 2**17 --rank sample:16 examples/parallel_dims.py:torchtitan_buggy
+
 Real run: realize every view and check every group with a collective:
 
     torchrun --standalone --nproc-per-node 8 examples/parallel_dims.py \\
@@ -37,7 +45,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
@@ -45,15 +53,20 @@ import fmesh
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = [
     "DERIVATIONS",
+    "TITAN_DEGREES",
     "DimsError",
     "ParallelDims",
     "build_meshes",
     "main",
     "plan",
     "run",
+    "torchtitan",
+    "torchtitan_buggy",
+    "torchtitan_build_mesh",
     "torchtitan_groups_per_rank",
 ]
 
@@ -248,6 +261,81 @@ def torchtitan_groups_per_rank(dims: ParallelDims) -> int:
     """
     recipe = [sizes for name, sizes in dims.views().items() if name != "world"]
     return sum(1 for sizes in recipe for s in sizes.values() if s != dims.world)
+
+
+# -- torchtitan's own calls (for fmesh plan) ----------------------------------------------
+
+TITAN_DEGREES: Mapping[str, int] = {"pp": 8, "dp_replicate": 4, "cp": 2, "tp": 8, "ep": 16}
+"""The degrees :func:`torchtitan` plans; ``dp_shard`` takes the rest of the world
+(256 at 2**17 ranks, 2048 at 2**20; the world must be a multiple of 512)."""
+
+
+def torchtitan_build_mesh(
+    dims: ParallelDims, device_type: str = "cuda"
+) -> dict[str, DeviceMesh]:
+    """torchtitan's ``ParallelDims.build_mesh``, call for call, on torch's own API.
+
+    A 1-d world mesh from torch's ``init_device_mesh``, unflattened into the data
+    loading, dense and sparse (expert) views, the loss mesh flattened from two dims,
+    and the 1-d meshes torchtitan hands to each parallelism. Size-1 dims get the
+    ``fake`` backend, as torchtitan asks. Nothing here knows of fmesh: under torchrun
+    it runs on torch; under ``fmesh plan`` torch is routed through fmesh.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    def unflatten(
+        world: DeviceMesh, names: tuple[str, ...], sizes: tuple[int, ...]
+    ) -> DeviceMesh:
+        # torch types the values with its options class; names are all this passes.
+        fake: dict[str, Any] = {n: "fake" for n, s in zip(names, sizes, strict=True) if s == 1}
+        return world._unflatten(0, sizes, names, backend_override=fake or None)
+
+    d = dims
+    world = init_device_mesh(device_type, (d.world,), mesh_dim_names=("world",))
+    loading = unflatten(world, ("pp", "batch", "cp", "tp"), (d.pp, d.batch, d.cp, d.tp))
+    loss = loading["batch", "cp"]._flatten("loss")
+    dense = unflatten(
+        world, ("pp", "dp_replicate", "fsdp", "tp"), (d.pp, d.dp_replicate, d.fsdp, d.tp)
+    )
+    sparse = unflatten(
+        world,
+        ("pp", "dp_replicate", "efsdp", "ep", "etp"),
+        (d.pp, d.dp_replicate, d.efsdp, d.ep, d.etp),
+    )
+    return {
+        "world": world,
+        "dataloading": loading,
+        "loss": loss,
+        "dense": dense,
+        "sparse": sparse,
+        "pp": loading["pp"],
+        "batch": loading["batch"],
+        "cp": loading["cp"],
+        "tp": loading["tp"],
+        "dp_replicate": dense["dp_replicate"],
+        "fsdp": dense["fsdp"],
+        "efsdp": sparse["efsdp"],
+        "ep": sparse["ep"],
+    }
+
+
+def torchtitan() -> dict[str, DeviceMesh]:
+    """What ``fmesh plan examples/parallel_dims.py:torchtitan`` runs on every rank:
+    the degrees of :data:`TITAN_DEGREES` over the world torchrun (or the plan) sets."""
+    world = int(os.environ["WORLD_SIZE"])
+    return torchtitan_build_mesh(ParallelDims.resolve(world, **TITAN_DEGREES))
+
+
+def torchtitan_buggy() -> dict[str, DeviceMesh]:
+    """:func:`torchtitan` with a planted rank-dependent bug: the ranks of the last host
+    read a stale config with ``tp=4``. Their meshes differ from everyone else's, so a
+    launch hangs in torch's group creation (fmesh: ``MeshMismatchError``); ``fmesh
+    plan --rank sample:K`` plans the last rank and names the divergence."""
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    degrees = dict(TITAN_DEGREES)
+    if rank >= world - int(os.environ.get("LOCAL_WORLD_SIZE", "8")):
+        degrees["tp"] = 4  # the stale config on the last host
+    return torchtitan_build_mesh(ParallelDims.resolve(world, **degrees))
 
 
 # -- formatting --------------------------------------------------------------------------

@@ -34,6 +34,13 @@ from ._core.queries import instances as instances
 from ._core.queries import rank_at as rank_at
 from ._core.views import same_groups as same_groups
 from ._core.views import same_ranks as same_ranks
+from ._plan.report import GroupPlan as GroupPlan
+from ._plan.report import MeshPlan as MeshPlan
+from ._plan.report import PlanDivergence as PlanDivergence
+from ._plan.report import PlannedCall as PlannedCall
+from ._plan.report import PlanReport as PlanReport
+from ._plan.report import RankPlan as RankPlan
+from ._plan.run import plan as plan
 from ._runtime.cache import CacheStats as CacheStats
 from ._runtime.cache import cache_stats as cache_stats
 from ._runtime.cache import destroy as destroy
@@ -67,14 +74,20 @@ __all__ = [
     "AxisNotFoundError",
     "BackendOptions",
     "CacheStats",
+    "GroupPlan",
     "HostReport",
     "LaunchError",
     "Layout",
     "Mesh",
     "MeshError",
     "MeshMismatchError",
+    "MeshPlan",
     "P",
     "PartitionSpec",
+    "PlanDivergence",
+    "PlanReport",
+    "PlannedCall",
+    "RankPlan",
     "RanksLike",
     "RealizedMesh",
     "UnrepresentableSplitError",
@@ -92,6 +105,7 @@ __all__ = [
     "make_hybrid_mesh",
     "make_mesh",
     "placements",
+    "plan",
     "rank_at",
     "realize",
     "recover",

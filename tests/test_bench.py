@@ -43,6 +43,7 @@ SECTIONS = {
     "memory",
     "torchtitan (fake)",
     "torchtitan (gloo)",
+    "plan (fake)",
 }
 EXTRAPOLATED = {2**17, 2**20}
 """World sizes the store load is extrapolated to."""
@@ -143,6 +144,9 @@ def test_every_benchmark_at_every_size(smoke: dict[str, Any]) -> None:
         elif key.startswith("titan."):
             backend = key.split(".")[1]
             assert seen == {int(w) for w in smoke["raw"]["titan"][backend]}, (key, seen)
+        elif key.startswith("plan."):
+            planned = {int(k.split(".")[1]) for k in smoke["raw"] if k.startswith("plan.")}
+            assert seen == planned, (key, seen)
         elif key == "store.cpu_per_call_extrapolated":
             assert seen == EXTRAPOLATED, (key, seen)
         elif key.startswith("store."):

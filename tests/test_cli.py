@@ -316,7 +316,7 @@ def test_plan_non_member_of_a_sub_world() -> None:
         (("describe", "dp=2,tp=4", "--flatten", "dp,xx"), "'xx'"),
         (("describe", "world=6", "--unflatten", "world=a:4,b:2"), "multiply"),
         (("plan", "--world", "4", "dp=2,tp=4"), "--world 4"),
-        (("plan", "dp=2"), "--world"),
+        (("plan", "dp=2", "--rank", "2"), "--rank 2 is not in the world of 2 ranks"),
         (("describe", "dp=2", "--json", "--rank", "1"), "--json prints the mesh itself"),
         (("describe", "dp=2", "--keep-in-host", "tp,,cp"), "--keep-in-host"),
         (("plan", "--world", "2**31", "dp=2"), "at most 2147483647"),

@@ -142,6 +142,8 @@ def test_public_classes_are_final(name: str) -> None:
 _EXAMPLES: dict[str, object] = {
     "Mesh": fmesh.make_mesh({"dp": 2}),
     "Layout": fmesh.Layout.of((2,)),
+    "PlannedCall": fmesh.PlannedCall(1, 7, "Mesh(dp=2) on nccl", ""),
+    "PlanReport": fmesh.PlanReport("m:f", 8, (), None),
 }
 
 

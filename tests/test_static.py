@@ -226,11 +226,14 @@ LAYERS = {
     "_compat": {"_compat"},
     "_runtime": {"_core", "_compat", "_runtime"},
     "_torch": {"_core", "_compat", "_runtime", "_torch"},
-    "_cli": {"_core", "_compat", "_runtime", "_cli"},
+    "_plan": {"_core", "_compat", "_runtime", "_torch", "_plan"},
+    "_cli": {"_core", "_compat", "_runtime", "_plan", "_cli"},
 }
 """Subpackage -> the subpackages it may import (lazily and for type checking too): the
 core needs nothing, the runtime knows nothing that builds DeviceMeshes (the interop
-registers hooks in ``_runtime/hooks.py``), the torch interop and the CLI sit on top."""
+registers hooks in ``_runtime/hooks.py``), the torch interop sits on top, the planner
+(``fmesh plan``: runs code with torch routed through the interop) on it, and the CLI
+on top of all."""
 
 
 def _imports_torch(path: Path) -> bool:

@@ -9,6 +9,8 @@ as one line. Pure: no torch.
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import re
 from collections.abc import Sequence
 from typing import final
@@ -35,6 +37,7 @@ __all__ = [
     "parse_spares",
     "parse_mesh_arg",
     "parse_unflatten",
+    "refuse_unknown_flags",
 ]
 
 MESH_ARG_HELP = 'comma-separated name=size pairs in axis order, e.g. "pp=2,dp=4,tp=8"'
@@ -246,3 +249,32 @@ def not_in_mesh(rank: int, mesh_arg: str, mesh: Mesh, edits: Edits | None) -> st
         f'--rank {rank} is not in the mesh "{mesh_arg}" after --lost/--shrink/--replace; '
         f"expected one of its {mesh.size} ranks {format_ranks(ranks)}"
     )
+
+
+# -- unknown flags ------------------------------------------------------------------------
+
+
+def refuse_unknown_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> None:
+    """Refuse arguments argparse did not recognize, suggesting a close flag: argparse
+    would take ``--ranks 4 dp=4``'s ``4`` as the mesh and only then complain."""
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return
+    sub = _subparsers(parser).get(getattr(args, "command", None) or "")
+    known = [
+        o for a in (sub or parser)._actions for o in a.option_strings if o.startswith("--")
+    ]
+    for item in extra:
+        flag = item.partition("=")[0]
+        if flag.startswith("-"):
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            (sub or parser).error(f"unrecognized argument {flag}{hint}")
+    (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}

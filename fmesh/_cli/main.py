@@ -4,6 +4,7 @@
     python -m fmesh describe "dp=2,tp=4" --json
     python -m fmesh describe "dp=4,tp=2" --lost 3,5 --shrink dp --replace 0=8
     python -m fmesh plan --world 131072 "pp=16,dp=256,cp=4,tp=8" --rank 5
+    python -m fmesh plan --world 2**17 --rank sample:16 examples/parallel_dims.py:torchtitan
 
 This module only dispatches: the mesh flags are parsed in ``fmesh._cli.args``, the
 text of ``describe`` comes from ``fmesh._cli.describe`` (pure), the host analysis from
@@ -35,8 +36,10 @@ from .args import (
     parse_count,
     parse_mesh_arg,
     parse_names,
+    refuse_unknown_flags,
 )
 from .describe import describe_text
+from .plan import is_target, plan_command
 
 __all__ = ["describe", "describe_json", "main", "parse_mesh_arg", "plan"]
 
@@ -94,16 +97,19 @@ def describe_json(
 def plan(
     mesh_arg: str,
     *,
-    world: int,
+    world: int | None = None,
     rank: int = 0,
     flattens: Sequence[str] = (),
     unflattens: Sequence[str] = (),
     backend: str = "nccl",
     local_world_size: int = 8,
 ) -> str:
-    """The text ``fmesh plan`` prints: a dry run of realize on the fake backend."""
+    """The text ``fmesh plan`` prints: a dry run of realize on the fake backend, in a
+    world of ``world`` ranks (default: the mesh's size)."""
     _check_host(local_world_size)
     mesh, axes, _ = build(mesh_arg, unflattens, flattens)
+    if world is None:
+        world = mesh.size
     if world < mesh.size:
         raise CliError(
             f'--world {world} is smaller than the mesh "{mesh_arg}" of {mesh.size} ranks; '
@@ -169,8 +175,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("mesh_arg", metavar="spec", help=f"the mesh: {MESH_ARG_HELP}")
+    def common(
+        p: argparse.ArgumentParser,
+        metavar: str = "spec",
+        what: str = f"the mesh: {MESH_ARG_HELP}",
+    ) -> None:
+        p.add_argument("mesh_arg", metavar=metavar, help=what)
         p.add_argument(
             "--flatten",
             action="append",
@@ -231,19 +241,48 @@ def _parser() -> argparse.ArgumentParser:
         metavar="AXES",
         help="warn when these axes cross hosts (default %(default)s; '' for none)",
     )
-    p = sub.add_parser("plan", help="dry-run fmesh.realize for one rank (fake backend)")
-    common(p)
-    p.add_argument("--world", required=True, metavar="N", help="world size, e.g. 2**17")
-    p.add_argument("--rank", default="0", metavar="R", help="the rank (default 0)")
+    p = sub.add_parser(
+        "plan",
+        help="dry-run a mesh spec, or a trainer's module:function, for chosen ranks "
+        "(fake backend)",
+    )
+    common(
+        p,
+        "spec or module:function",
+        f"the mesh: {MESH_ARG_HELP}; or the function "
+        "that builds the trainer's meshes, as package.module:function or "
+        "path/to/file.py:function",
+    )
+    p.add_argument(
+        "--world",
+        default=None,
+        metavar="N",
+        help="world size, e.g. 2**17 (default for a spec: the mesh's size)",
+    )
+    p.add_argument(
+        "--rank",
+        default=None,
+        metavar="R[,R...]|sample:K",
+        help="the rank (spec: one, default 0); for module:function, ranks or sample:K "
+        "(K ranks spread over the world; default sample:8)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="module:function only: print the report as one JSON object",
+    )
     p.add_argument(
         "--backend",
-        default="nccl",
-        help="backend of the real run, for the report (default nccl)",
+        default=None,
+        help="spec only: backend of the real run, for the report (default nccl)",
     )
     return parser
 
 
-def _run(args: argparse.Namespace) -> str:
+def _run(args: argparse.Namespace) -> tuple[str, int]:
+    """The text to print and the exit status."""
+    if args.command == "plan" and is_target(args.mesh_arg):
+        return plan_command(args)
     host = parse_count(args.local_world_size, "--local-world-size")
     rank = None if args.rank is None else parse_count(args.rank, "--rank")
     edits = Edits(args.lost, args.shrink, args.replace) if args.command == "describe" else None
@@ -253,9 +292,9 @@ def _run(args: argparse.Namespace) -> str:
                 "--json prints the mesh itself, so it takes no --rank or --flatten; "
                 "drop them, or flatten in Python and call Mesh.to_json()"
             )
-        return describe_json(args.mesh_arg, unflattens=args.unflatten, edits=edits)
+        return describe_json(args.mesh_arg, unflattens=args.unflatten, edits=edits), 0
     if args.command == "describe":
-        return describe(
+        text = describe(
             args.mesh_arg,
             flattens=args.flatten,
             unflattens=args.unflatten,
@@ -264,27 +303,35 @@ def _run(args: argparse.Namespace) -> str:
             keep_in_host=parse_names(args.keep_in_host, "--keep-in-host"),
             edits=edits,
         )
-    return plan(
+        return text, 0
+    if args.json:
+        raise CliError(
+            "plan --json is for module:function targets; for a mesh spec, use describe --json"
+        )
+    text = plan(
         args.mesh_arg,
-        world=parse_count(args.world, "--world"),
+        world=None if args.world is None else parse_count(args.world, "--world"),
         rank=0 if rank is None else rank,
         flattens=args.flatten,
         unflattens=args.unflatten,
-        backend=args.backend,
+        backend=args.backend or "nccl",
         local_world_size=host,
     )
+    return text, 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 for bad arguments)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    refuse_unknown_flags(parser, argv)
+    args = parser.parse_args(argv)
     if args.verbose:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
     try:
-        text = _run(args)
+        text, status = _run(args)
     except MeshError as err:
         # Bad specs and flags raise MeshError (the CLI's own errors subclass it);
         # anything else is a bug and keeps its traceback.
@@ -298,4 +345,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader (e.g. `| head`) went away; silence the flush at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    return 0
+    return status

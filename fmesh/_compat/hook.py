@@ -39,6 +39,8 @@ __all__ = [
     "register_space",
     "space_of",
     "supported",
+    "uninstall",
+    "unregister_space",
     "view_of",
 ]
 
@@ -125,6 +127,18 @@ def register_space(rank_map: torch.Tensor, space: Space) -> None:
         _spaces[key] = (weakref.ref(rank_map, forget), space)
         if ptr:
             _by_storage[ptr] = key
+
+
+def unregister_space(rank_map: torch.Tensor) -> None:
+    """Stop routing DeviceMeshes over ``rank_map`` (the space holds the tensor, so
+    without this neither would ever be freed)."""
+    with _lock:
+        entry = _spaces.get(id(rank_map))
+        if entry is not None and entry[0]() is rank_map:
+            del _spaces[id(rank_map)]
+            ptr = rank_map.untyped_storage().data_ptr()
+            if _by_storage.get(ptr) == id(rank_map):
+                del _by_storage[ptr]
 
 
 def space_of(rank_map: object) -> Space | None:
@@ -396,3 +410,32 @@ def _resolve(name: str) -> Any:
     from torch.distributed import distributed_c10d
 
     return cast(Any, distributed_c10d)._resolve_process_group(name)
+
+
+def uninstall() -> bool:
+    """Undo :func:`install` (``fmesh plan`` leaves torch as it found it). Returns
+    False, changing nothing, when the methods are no longer fmesh's wrappers (another
+    library wrapped them since); True when nothing of fmesh's is installed after it."""
+    global _installed
+    with _lock:
+        if not _installed:
+            return True
+        from torch.distributed.device_mesh import DeviceMesh
+
+        cls: Any = DeviceMesh
+        init = cls.__dict__["__init__"]
+        groups = cls.__dict__["_init_process_groups"].__func__
+        ours = (
+            getattr(init, "__code__", None) is _wrap_init(_noop).__code__
+            and getattr(groups, "__code__", None) is _wrap_groups(_noop).__code__
+        )
+        if not ours:
+            return False
+        cls.__init__ = init.__wrapped__
+        cls._init_process_groups = staticmethod(groups.__wrapped__)
+        _installed = False
+    return True
+
+
+def _noop(*args: Any, **kwargs: Any) -> Any:
+    """A stand-in to wrap: its wrapper has the code object fmesh's wrappers share."""

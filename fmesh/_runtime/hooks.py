@@ -18,10 +18,12 @@ if TYPE_CHECKING:
     from .._core.mesh import Mesh
 
 __all__ = [
+    "on_creating_call",
     "on_loss",
     "on_realized",
     "on_reset",
     "provide_device_mesh",
+    "run_creating_call_hooks",
     "run_loss_hooks",
     "run_realized_hooks",
     "run_reset_hooks",
@@ -38,6 +40,8 @@ _reset_hooks: list[Callable[[], None]] = []
 _loss_hooks: list[Callable[[], None]] = []
 _realized_hooks: list[Realized] = []
 _device_mesh: list[ToDeviceMesh] = []
+CreatingCall = Callable[[int, int, object, str], None]
+_creating_call_hooks: list[CreatingCall] = []
 
 
 def on_reset(hook: Callable[[], None]) -> None:
@@ -59,6 +63,15 @@ def on_realized(hook: Realized) -> None:
     _realized_hooks.append(hook)
 
 
+def on_creating_call(hook: CreatingCall) -> None:
+    """Call ``hook(number, code, summary, history)`` for every realize call that
+    agrees before creating groups (on a fake world too, where nothing is published):
+    its number, the code the ranks must publish alike, the call in words (``str()`` of
+    ``summary``) and the memo hits since the previous one, in words. ``fmesh plan``
+    compares ranks with it. Runs outside the memo lock."""
+    _creating_call_hooks.append(hook)
+
+
 def provide_device_mesh(convert: ToDeviceMesh) -> None:
     """The DeviceMesh interop's converter, behind ``RealizedMesh.to_device_mesh``."""
     _device_mesh[:] = [convert]
@@ -72,6 +85,11 @@ def run_reset_hooks() -> None:
 def run_loss_hooks() -> None:
     for hook in _loss_hooks:
         hook()
+
+
+def run_creating_call_hooks(number: int, code: int, summary: object, history: str) -> None:
+    for hook in _creating_call_hooks:
+        hook(number, code, summary, history)
 
 
 def run_realized_hooks(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:

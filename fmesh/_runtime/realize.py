@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from . import agreement as _agree
 from .call import checked, expand
 from .groups import AxisRequest, World, create
-from .hooks import run_realized_hooks
+from .hooks import run_creating_call_hooks, run_realized_hooks
 from .memo import state
 from .realized_mesh import RealizedMesh
 
@@ -93,6 +93,10 @@ def realize(
                     return realized
     start = time.perf_counter()
     call = expand(args)
+    if call.agrees:  # fmesh plan compares these across ranks, fake worlds included
+        run_creating_call_hooks(
+            call.turn.number, call.turn.code, call.summary, call.turn.history
+        )
     world, me, stream_name = call.world, call.world.rank, args.stream_name
     ticket: _agree.Ticket | None = None
     if call.agrees and not world.fake and world.size > 1:

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, final
 
-from .._compat.hook import RankTuple, install, register_space
+from .._compat.hook import RankTuple, install, register_space, unregister_space
 from .._compat.mesh import GroupSpec, Modes
 from .._core.errors import MeshError
 from .._core.layout import Layout
@@ -168,7 +168,10 @@ def space_for(mesh: Mesh, timeout: datetime.timedelta | None = None) -> TorchSpa
 
 def _reset() -> None:
     with _lock:
+        gone = list(_spaces.values())
         _spaces.clear()
+    for space in gone:
+        unregister_space(space.tensor)
 
 
 on_reset(_reset)

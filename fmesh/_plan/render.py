@@ -1,0 +1,179 @@
+"""A ``PlanReport`` as text (``fmesh plan``) and as JSON (``fmesh plan --json``).
+
+Pure. Groups print as their first members and the last one; JSON lists a group's
+members in full up to ``JSON_MEMBERS`` ranks (``null`` beyond: compute them with
+``fmesh.group``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from .report import MeshPlan, PlannedCall, PlanReport, RankPlan
+
+__all__ = ["JSON_MEMBERS", "plan_json", "plan_text", "rank_line"]
+
+JSON_MEMBERS = 1024
+"""Groups up to this size list every member in ``--json``."""
+
+
+def _ranks(head: Sequence[int], size: int) -> str:
+    """``[0, 1, 2]``, or ``[0, 8, 16, 24, ..., 120]`` when ``head`` skips members."""
+    if size != len(head):
+        return "[" + ", ".join(map(str, head[:-1])) + f", ..., {head[-1]}]"
+    return "[" + ", ".join(map(str, head)) + "]"
+
+
+def _mib(n: int | None, sign: str = "") -> str:
+    return "?" if n is None else f"{sign}{n / 2**20:.1f} MiB"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [header, *rows]
+    ]
+
+
+def rank_line(p: RankPlan) -> str:
+    """One line per planned rank: what it cost and holds (also the progress line)."""
+    return (
+        f"rank {p.rank}: {len(p.meshes)} meshes, {len(p.calls)} creating realize calls, "
+        f"{p.created} groups created, {p.held} held ({p.communicators} of more than one "
+        f"rank), {p.seconds:.2f} s, peak memory {_mib(p.peak_memory)} "
+        f"({_mib(p.memory_growth, '+')} during the call)"
+    )
+
+
+def _mesh_rows(
+    m: MeshPlan, rank: int, shown: dict[tuple[object, str], str]
+) -> list[list[str]]:
+    """A mesh's rows: one per axis; a group an earlier row showed says so (``shown``:
+    (source mesh, axis) -> where it was shown, updated here)."""
+    shape = ", ".join(f"{n}={s}" for n, s in zip(m.axis_names, m.sizes, strict=True))
+    if m.coordinate is None:
+        return [[m.name, shape, "", "", "", f"rank {rank} is not in this mesh"]]
+    rows = []
+    for i, g in enumerate(m.groups):
+        where = shown.setdefault((g.source, g.source_axis), f"{m.name}.{g.axis}")
+        same = "" if where == f"{m.name}.{g.axis}" else f"  (the group of {where})"
+        rows.append(
+            [
+                m.name if i == 0 else "",
+                shape if i == 0 else "",
+                g.axis,
+                str(g.size),
+                str(g.group_rank),
+                _ranks(g.head(), g.size) + same,
+            ]
+        )
+    return rows
+
+
+def plan_text(report: PlanReport) -> str:
+    """The report ``fmesh plan module:function`` prints."""
+    planned = len(report.ranks)
+    out = [
+        f"fmesh plan {report.target}: {planned} of {report.world} ranks, each on a fresh "
+        "fake world (torch's 'fake' backend; init_device_mesh and DeviceMesh methods "
+        "routed through fmesh)",
+    ]
+    for p in report.ranks:
+        out += ["", rank_line(p)]
+        shown: dict[tuple[object, str], str] = {}
+        rows: list[list[str]] = []
+        views: list[str] = []
+        for m in p.meshes:
+            seen = [shown.get((g.source, g.source_axis)) for g in m.groups]
+            if m.groups and m.new_groups == 0 and all(seen):
+                # A view of groups shown above (torchtitan's 1-d meshes): one mention.
+                views.append(f"{m.name} = {' x '.join(s for s in seen if s)}")
+                continue
+            rows += _mesh_rows(m, p.rank, shown)
+        if rows:
+            header = ["mesh", "shape", "axis", "size", "coord", f"group of rank {p.rank}"]
+            out += ["  " + line for line in _table(header, rows, right={3, 4})]
+        if views:
+            out.append(f"  also returned, over the groups above: {', '.join(views)}")
+    out.append("")
+    calls = {len(p.calls) for p in report.ranks}
+    if report.divergence is None:
+        n = calls.pop() if calls else 0
+        out.append(
+            f"cross-rank check: the {planned} planned ranks make the same {n} creating "
+            "realize calls in the same order (the digests a launch's agreement compares)"
+            if planned > 1
+            else "cross-rank check: only one rank planned; plan several (--rank "
+            "sample:K) to compare them"
+        )
+    else:
+        out.append(f"cross-rank check FAILED: {report.divergence.message}")
+    return "\n".join(out) + "\n"
+
+
+def plan_json(report: PlanReport) -> str:
+    """The report as JSON (``fmesh plan --json``): one object on one line."""
+    d = report.divergence
+    payload: dict[str, Any] = {
+        "fmesh_plan": 1,
+        "target": report.target,
+        "world": report.world,
+        "ok": report.ok,
+        "ranks": [_rank_json(p) for p in report.ranks],
+        "divergence": None
+        if d is None
+        else {
+            "call": d.number,
+            "ranks": list(d.ranks),
+            "calls": [None if c is None else _call_json(c) for c in d.calls],
+            "message": d.message,
+        },
+    }
+    return json.dumps(payload) + "\n"
+
+
+def _call_json(c: PlannedCall) -> dict[str, Any]:
+    return {
+        "number": c.number,
+        "code": f"{c.code:016x}",
+        "summary": c.summary,
+        "history": c.history,
+    }
+
+
+def _rank_json(p: RankPlan) -> dict[str, Any]:
+    return {
+        "rank": p.rank,
+        "created": p.created,
+        "held": p.held,
+        "communicators": p.communicators,
+        "seconds": round(p.seconds, 6),
+        "peak_memory": p.peak_memory,
+        "memory_growth": p.memory_growth,
+        "calls": [_call_json(c) for c in p.calls],
+        "meshes": [
+            {
+                "name": m.name,
+                "axis_names": list(m.axis_names),
+                "sizes": list(m.sizes),
+                "coordinate": None if m.coordinate is None else list(m.coordinate),
+                "new_groups": m.new_groups,
+                "groups": [
+                    {
+                        "axis": g.axis,
+                        "size": g.size,
+                        "group_rank": g.group_rank,
+                        "members": list(g.members()) if g.size <= JSON_MEMBERS else None,
+                    }
+                    for g in m.groups
+                ],
+            }
+            for m in p.meshes
+        ],
+    }
