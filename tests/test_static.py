@@ -125,10 +125,10 @@ def test_private_torch_names_live_only_in_the_compat_package() -> None:
         for use in _private_torch_uses(path)
     ]
     assert offenders == []
-    # The checker itself finds what the compat package's modules use.
-    for path in sorted(COMPAT.glob("*.py")):
-        if path.name != "__init__.py":
-            assert len(_private_torch_uses(path)) >= 3, path.name
+    # The checker itself finds what the compat package's modules use (spaces.py, the
+    # registry of fmesh's rank spaces, touches only public tensor methods).
+    for name in ("c10d.py", "dtensor.py", "mesh.py", "hook.py"):
+        assert len(_private_torch_uses(COMPAT / name)) >= 3, name
 
 
 # -- the shape of the package ---------------------------------------------------------------
