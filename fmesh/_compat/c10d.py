@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime
 import functools
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ __all__ = [
     "fake_store",
     "init_fake_world",
     "is_live",
+    "live_groups",
     "memory_store",
     "new_named_group",
     "shrink_from",
@@ -96,6 +97,14 @@ def is_live(pg: ProcessGroup) -> bool:
     from torch.distributed import distributed_c10d as c10d
 
     return pg in c10d._world.pg_map
+
+
+def live_groups() -> Container[object]:
+    """The groups torch holds now (``pg in live_groups()``, O(1) each): a group
+    destroyed (``destroy_process_group``) or aborted (``DeviceMesh.abort``) is not."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d._world.pg_map
 
 
 def _member_or_none(pg: object) -> ProcessGroup | None:

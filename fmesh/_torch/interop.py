@@ -27,7 +27,7 @@ from .._core.mesh import Mesh
 from .._core.queries import coordinate as coordinate_of
 from .._core.queries import instances
 from .._runtime.checks import check_device_type
-from .._runtime.hooks import on_loss, on_realized, on_reset, provide_device_mesh
+from .._runtime.hooks import on_dead, on_loss, on_realized, on_reset, provide_device_mesh
 from .._runtime.memo import WorldKey, world_key
 from .routing import TorchSpace, space_for, torch_roots
 
@@ -65,9 +65,20 @@ class _State:
             self.device_meshes.clear()
             self.roots.clear()
 
+    def forget_dead(self, ids: frozenset[int]) -> None:
+        """Groups with these ``id()`` were destroyed or aborted: hand out no
+        DeviceMesh built on them again (DeviceMeshes are made anew on demand)."""
+        with self.lock:
+            self.device_meshes.clear()
+            for names in self.named_axes.values():
+                for name, entry in list(names.items()):
+                    if entry is not None and id(entry[1]) in ids:
+                        del names[name]
+
 
 state = _State()
 on_reset(state.reset)
+on_dead(state.forget_dead)
 on_loss(state.reset)  # DeviceMeshes over the old world hold lost ranks
 
 

@@ -10,6 +10,7 @@ those meshes: coordinates from fmesh's queries (O(number of axes)), groups throu
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import threading
@@ -32,6 +33,8 @@ __all__ = ["TorchSpace", "realizing_torch_roots", "space_for", "torch_roots"]
 
 _lock = threading.Lock()
 _spaces: dict[WorldKey, TorchSpace] = {}
+MESHES_KEPT = 1024
+"""Meshes kept per rank space (a cache: the least recently used go first)."""
 
 _torch_roots: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "fmesh_torch_roots", default=False
@@ -70,7 +73,11 @@ class TorchSpace:
         else:
             self.tensor = torch.tensor(rank_map, dtype=torch.int)
             self._flat = RankTuple(rank_map)
-        self._meshes: dict[tuple[tuple[Modes, ...], tuple[str, ...]], Mesh | None] = {}
+        # A cache of values, least recently used dropped first: bounded however many
+        # roots with other names come and go (dropping one only costs a rebuild).
+        self._meshes: collections.OrderedDict[
+            tuple[tuple[Modes, ...], tuple[str, ...]], Mesh | None
+        ] = collections.OrderedDict()
 
     @property
     def flat(self) -> tuple[int, ...]:
@@ -81,13 +88,21 @@ class TorchSpace:
         them (``dim_0``, ... without names); ``None`` where it is not a valid mesh."""
         named = tuple(names) if names else tuple(f"dim_{i}" for i in range(len(axes)))
         key = (tuple(axes), named)
-        if key not in self._meshes:
-            try:
-                layouts = tuple(Layout._from_modes(m) for m in axes)
-                self._meshes[key] = Mesh(named, layouts, self.index_size, self.rank_map)
-            except MeshError:
-                self._meshes[key] = None
-        return self._meshes[key]
+        with _lock:
+            if key in self._meshes:
+                self._meshes.move_to_end(key)
+                return self._meshes[key]
+        made: Mesh | None
+        try:
+            layouts = tuple(Layout._from_modes(m) for m in axes)
+            made = Mesh(named, layouts, self.index_size, self.rank_map)
+        except MeshError:
+            made = None
+        with _lock:
+            self._meshes[key] = made
+            while len(self._meshes) > MESHES_KEPT:
+                self._meshes.popitem(last=False)
+        return made
 
     def coordinate(self, axes: Sequence[Modes]) -> tuple[bool, tuple[int, ...] | None]:
         import torch.distributed as dist
