@@ -20,6 +20,8 @@ from typing import Generic, TypeVar
 
 import attrs
 
+from .bounded import bound
+
 __all__ = [
     "PROCESS",
     "Stream",
@@ -36,11 +38,6 @@ T = TypeVar("T")
 _MASK = (1 << 64) - 1
 _RECENT = 3
 """Hits kept per stream for messages (the count is exact)."""
-CALLS_KEPT = 1024
-"""Calls kept per stream for the fast repeat (least recently used dropped first).
-Dropping one never changes whether a call is a hit: that is decided by the axes the
-stream realized (``Stream.known``), the same on every rank; a dropped call is only
-laid out again (microseconds)."""
 
 PROCESS = ""
 """The name of the process-wide stream (no name a caller can give)."""
@@ -163,8 +160,10 @@ class Stream(Generic[T]):
         factory=collections.OrderedDict
     )
     """Call key -> (what a hit returns, call code, summary) of recent calls, least
-    recently used first (at most ``CALLS_KEPT``); a summary is anything whose ``str``
-    describes the call (made only for messages)."""
+    recently used first (``bounded.py``); a summary is anything whose ``str``
+    describes the call (made only for messages). Dropping one never changes whether
+    a call is a hit: ``known`` decides that, alike on every rank; a dropped call is
+    only laid out again (microseconds)."""
     queued: int = 0
     """Tickets handed out to calls that are not repeats (``enter``)."""
     served: int = 0
@@ -189,8 +188,7 @@ class Stream(Generic[T]):
         """Keep a call for the fast repeat (dropping the least recently used)."""
         self.calls[key] = (value, code, summary)
         self.calls.move_to_end(key)
-        while len(self.calls) > CALLS_KEPT:
-            self.calls.popitem(last=False)
+        bound(self.calls)
 
     def enter(self) -> int:
         """A ticket for a call that is not a repeat: it waits for ``ready``."""

@@ -7,6 +7,7 @@ own do, with fmesh's memoized groups; how roots, slices and flattens are built:
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import weakref
@@ -26,6 +27,7 @@ from .._core.layout import Layout, complement_modes, row_major
 from .._core.mesh import Mesh
 from .._core.queries import coordinate as coordinate_of
 from .._core.queries import instances
+from .._runtime.bounded import bound
 from .._runtime.checks import check_device_type
 from .._runtime.hooks import on_dead, on_loss, on_realized, on_reset, provide_device_mesh
 from .._runtime.memo import WorldKey, world_key
@@ -54,8 +56,11 @@ class _State:
     )
     """Per rank space: axis name -> (layout, group) this rank realized, or ``None``
     when the name was realized with two different layouts (ambiguous)."""
-    device_meshes: dict[tuple[Mesh, str, bool], DeviceMesh] = attrs.field(factory=dict)
-    """to_device_mesh memo: (mesh, device type, unnamed) -> DeviceMesh."""
+    device_meshes: collections.OrderedDict[tuple[Mesh, str, bool], DeviceMesh] = attrs.field(
+        factory=collections.OrderedDict
+    )
+    """to_device_mesh memo: (mesh, device type, unnamed) -> DeviceMesh, least recently
+    used first (``bounded.py``: remaking one may realize groups)."""
     roots: dict[tuple[WorldKey, str, bool], list[Any]] = attrs.field(factory=dict)
     """Live root DeviceMeshes (:class:`Root`) per (rank space, device type, unnamed)."""
 
@@ -65,9 +70,16 @@ class _State:
             self.device_meshes.clear()
             self.roots.clear()
 
+    def device_mesh(self, key: tuple[Mesh, str, bool]) -> DeviceMesh | None:
+        """The DeviceMesh handed out for ``key`` before, if kept (marked used)."""
+        with self.lock:
+            found = self.device_meshes.get(key)
+            if found is not None:
+                self.device_meshes.move_to_end(key)
+            return found
+
     def forget_dead(self, ids: frozenset[int]) -> None:
-        """Groups with these ``id()`` were destroyed or aborted: hand out no
-        DeviceMesh built on them again (DeviceMeshes are made anew on demand)."""
+        """Groups with these ``id()`` died: hand out no DeviceMesh made before."""
         with self.lock:
             self.device_meshes.clear()
             for names in self.named_axes.values():
@@ -96,6 +108,7 @@ def note_realized(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:
                 continue
             if name not in names:
                 names[name] = (layout, pg)
+                bound(names)
             elif names[name] is not None and names[name] != (layout, pg):
                 names[name] = None  # realized with two layouts: ambiguous
         converted = any(w == wk for w, _, _ in state.roots)
@@ -208,8 +221,7 @@ def to_device_mesh(
     names (a mesh with one instance only), as torch's ``init_device_mesh`` makes."""
     found: DeviceMesh | None = None
     if device_type is not None:  # only checked device types are keys: no check for a hit
-        with state.lock:
-            found = state.device_meshes.get((mesh, device_type, unnamed))
+        found = state.device_mesh((mesh, device_type, unnamed))
     if found is not None:
         return found  # axes realized since are registered by realize itself
     device_type = check_device_type(
@@ -217,8 +229,7 @@ def to_device_mesh(
         "RealizedMesh.to_device_mesh",
     )
     key = (mesh, device_type, unnamed)
-    with state.lock:
-        found = state.device_meshes.get(key)
+    found = state.device_mesh(key)
     if found is not None:
         return found
     if unnamed and mesh.num_instances != 1:
@@ -249,6 +260,7 @@ def to_device_mesh(
             roots.append(root)
         # The memo holds the DeviceMesh, and through it its root.
         state.device_meshes[key] = dm
+        bound(state.device_meshes)
     _sync_flattens(wk)
     return dm
 

@@ -23,6 +23,7 @@ from .._core.errors import MeshError
 from .._core.layout import Layout
 from .._core.mesh import Mesh
 from .._core.queries import coordinate as coordinate_of
+from .._runtime.bounded import bound
 from .._runtime.hooks import on_loss, on_reset
 from .._runtime.memo import WorldKey, world_key
 
@@ -33,8 +34,6 @@ __all__ = ["TorchSpace", "realizing_torch_roots", "space_for", "torch_roots"]
 
 _lock = threading.Lock()
 _spaces: dict[WorldKey, TorchSpace] = {}
-MESHES_KEPT = 1024
-"""Meshes kept per rank space (a cache: the least recently used go first)."""
 
 _torch_roots: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "fmesh_torch_roots", default=False
@@ -100,8 +99,7 @@ class TorchSpace:
             made = None
         with _lock:
             self._meshes[key] = made
-            while len(self._meshes) > MESHES_KEPT:
-                self._meshes.popitem(last=False)
+            bound(self._meshes)
         return made
 
     def coordinate(self, axes: Sequence[Modes]) -> tuple[bool, tuple[int, ...] | None]:
