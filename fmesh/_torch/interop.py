@@ -7,7 +7,6 @@ own do, with fmesh's memoized groups; how roots, slices and flattens are built:
 
 from __future__ import annotations
 
-import collections
 import itertools
 import threading
 import weakref
@@ -56,11 +55,8 @@ class _State:
     )
     """Per rank space: axis name -> (layout, group) this rank realized, or ``None``
     when the name was realized with two different layouts (ambiguous)."""
-    device_meshes: collections.OrderedDict[tuple[Mesh, str, bool], DeviceMesh] = attrs.field(
-        factory=collections.OrderedDict
-    )
-    """to_device_mesh memo: (mesh, device type, unnamed) -> DeviceMesh, least recently
-    used first (``bounded.py``: remaking one may realize groups)."""
+    device_meshes: dict[tuple[Mesh, str, bool], DeviceMesh] = attrs.field(factory=dict)
+    """to_device_mesh memo: (mesh, device type, unnamed) -> DeviceMesh (``bounded``)."""
     roots: dict[tuple[WorldKey, str, bool], list[Any]] = attrs.field(factory=dict)
     """Live root DeviceMeshes (:class:`Root`) per (rank space, device type, unnamed)."""
 
@@ -70,22 +66,13 @@ class _State:
             self.device_meshes.clear()
             self.roots.clear()
 
-    def device_mesh(self, key: tuple[Mesh, str, bool]) -> DeviceMesh | None:
-        """The DeviceMesh handed out for ``key`` before, if kept (marked used)."""
-        with self.lock:
-            found = self.device_meshes.get(key)
-            if found is not None:
-                self.device_meshes.move_to_end(key)
-            return found
-
     def forget_dead(self, ids: frozenset[int]) -> None:
         """Groups with these ``id()`` died: hand out no DeviceMesh made before."""
         with self.lock:
             self.device_meshes.clear()
             for names in self.named_axes.values():
-                for name, entry in list(names.items()):
-                    if entry is not None and id(entry[1]) in ids:
-                        del names[name]
+                for name in [n for n, e in names.items() if e and id(e[1]) in ids]:
+                    del names[name]
 
 
 state = _State()
@@ -221,7 +208,8 @@ def to_device_mesh(
     names (a mesh with one instance only), as torch's ``init_device_mesh`` makes."""
     found: DeviceMesh | None = None
     if device_type is not None:  # only checked device types are keys: no check for a hit
-        found = state.device_mesh((mesh, device_type, unnamed))
+        with state.lock:
+            found = state.device_meshes.get((mesh, device_type, unnamed))
     if found is not None:
         return found  # axes realized since are registered by realize itself
     device_type = check_device_type(
@@ -229,7 +217,8 @@ def to_device_mesh(
         "RealizedMesh.to_device_mesh",
     )
     key = (mesh, device_type, unnamed)
-    found = state.device_mesh(key)
+    with state.lock:
+        found = state.device_meshes.get(key)
     if found is not None:
         return found
     if unnamed and mesh.num_instances != 1:
