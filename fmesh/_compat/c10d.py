@@ -101,10 +101,17 @@ def is_live(pg: ProcessGroup) -> bool:
 
 def live_groups() -> Container[object]:
     """The groups torch holds now (``pg in live_groups()``, O(1) each): a group
-    destroyed (``destroy_process_group``) or aborted (``DeviceMesh.abort``) is not."""
-    from torch.distributed import distributed_c10d as c10d
+    destroyed (``destroy_process_group``) or aborted (``DeviceMesh.abort``) is not.
+    Cheap enough for every memo hit."""
+    live: Container[object] = _c10d_module()._world.pg_map
+    return live
 
-    return c10d._world.pg_map
+
+@functools.cache
+def _c10d_module() -> Any:
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d
 
 
 def _member_or_none(pg: object) -> ProcessGroup | None:

@@ -17,6 +17,7 @@ import types
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
+from .._compat import live_groups
 from .._core.errors import MeshMismatchError
 from . import agreement as _agree
 from .call import Arguments, checked, expand
@@ -102,15 +103,13 @@ def _repeat(args: Arguments) -> RealizedMesh | None:
         return None
     import torch.distributed as dist
 
-    from .._compat import live_groups
-
-    live = live_groups()
+    alive = live_groups().__contains__
     with state.lock:
         stream = state.streams.get(args.stream_name)
         if stream is None or state.debug or state.world is not dist.group.WORLD:
             return None
         realized: RealizedMesh | None = stream.replay(
-            args.key, lambda r: all(pg in live for pg in r.groups.values())
+            args.key, lambda r: all(map(alive, r.groups.values()))
         )
         if realized is not None:
             state.reused += args.mesh.ndim
