@@ -177,7 +177,7 @@ def _shrunk(key: GroupKey) -> ProcessGroup | None:
     """After a loss, on NCCL: the group shrunk from a retired one whose survivors are
     exactly ``key``'s members, in the same order (no new rendezvous); else ``None``.
     Every member finds the same retired group: retirement is the same on survivors."""
-    from .._compat import is_live, shrink_from
+    from .._compat import shrink_from
 
     members, backend, options_id = key
     if "nccl" not in backend:
@@ -189,7 +189,6 @@ def _shrunk(key: GroupKey) -> ProcessGroup | None:
             for old, pg in state.loss.retired.items()
             if old[1:] == (backend, options_id)
             and tuple(r for r in old[0] if r not in lost) == members
-            and is_live(pg)  # an aborted one cannot be shrunk
         ]
     for (old_members, _, _), pg in sorted(found, key=lambda item: item[0][0]):
         exclude = [i for i, r in enumerate(old_members) if r in lost]
