@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _dist import run_spawn
 
 import fmesh
@@ -177,3 +178,38 @@ def test_threads_that_race_into_other_orders_raise(tmp_path: Path) -> None:
             assert kind == "MeshMismatchError", (rank, out)
             assert seconds < RACE_TIMEOUT + 15.0, (rank, out)
         assert min(out[n][1] for n in ("a", "b")) < RACE_TIMEOUT, (rank, out)
+
+
+def test_a_streams_calls_take_turns_and_a_failure_dooms_those_queued() -> None:
+    """The turn bookkeeping alone (``Stream``; realize holds the lock around it)."""
+    from fmesh._runtime.stream import Stream
+
+    s = Stream[int]("t")
+    first, second = s.enter(), s.enter()
+    assert s.ready(first) and not s.ready(second)
+    s.leave(first, "ranks 0 and 1 disagree at realize call #1")
+    assert s.ready(second)
+    assert s.doomed(second) == "ranks 0 and 1 disagree at realize call #1"
+    s.leave(second)
+    later = s.enter()  # started after the failure: it goes ahead
+    assert s.ready(later) and s.doomed(later) == ""
+    s.leave(later)
+    alone = s.enter()
+    s.leave(alone, "a failure with nobody queued")
+    assert s.doomed(s.enter()) == ""
+
+
+def test_stream_names_are_checked() -> None:
+    from fmesh._runtime.stream import PROCESS, current_stream
+
+    for bad in ("", None, 3):
+        block = fmesh.stream(bad)  # type: ignore[arg-type]  # the wrong types on purpose
+        with pytest.raises(TypeError, match=r"fmesh\.stream\(\) needs a non-empty str"):
+            block.__enter__()
+
+    with fmesh.stream("loader"):
+        assert current_stream() == "loader"
+        with fmesh.stream("inner"):
+            assert current_stream() == "inner"
+        assert current_stream() == "loader"
+    assert current_stream() == PROCESS

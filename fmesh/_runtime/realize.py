@@ -139,9 +139,10 @@ def _turn(name: str) -> Iterator[None]:
     if doomed:
         raise MeshMismatchError(
             f"this realize call{stream_words(name)} was waiting for its turn behind one "
-            f"that failed ({doomed}); the threads of this process realized meshes in "
-            "different orders on different ranks. Realize from one thread, or give each "
-            "thread's calls a stream of their own with fmesh.stream(name)"
+            f"that failed ({doomed}), so it cannot be matched across ranks either. If "
+            "threads of this process realize meshes at the same time, their order can "
+            "differ between ranks: give each thread's calls a stream of their own, "
+            "with fmesh.stream(name), the same name on every rank"
         )
     failure = ""
     try:
