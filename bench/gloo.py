@@ -206,7 +206,7 @@ ROWS = (
         "seconds",
         "the same realize calls again (memo hits): wall time, max over ranks",
         "the recipe again: its mesh values built anew (make_mesh, flatten, slice) and 4 "
-        "realize calls, each a lookup in the calling thread's memo (no store request, no "
+        "realize calls, each a lookup in the process's memo (no store request, no "
         "peer); ranks share the CPUs, so the slowest rank's wall time includes waiting "
         "for one",
         torch_metric="",

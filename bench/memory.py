@@ -29,6 +29,38 @@ VALUE_ROWS = (
     ),
 )
 REALIZED_ROWS = (("traced_retained", "retained"), ("traced_peak", "peak"))
+ROOTS = {"full": 1000, "quick": 1000, "smoke": 600}
+"""Roots per half of the distinct-names workload, per mode: more than fill fmesh's
+bounded tables (3 calls and 2 meshes per root, 1024 of each kept), so the second
+half shows what stays."""
+ROOTS_WORLD = 8
+
+
+def worker_roots(spec: Json) -> Json:
+    """Python memory retained by roots with distinct dim names, built and dropped one
+    after the other (a 2x4 root, a _flatten, an _unflatten each): tracemalloc's
+    current size after the first ``roots`` and after ``2 * roots``."""
+    import gc
+
+    from torch.distributed.device_mesh import init_device_mesh as torch_init
+
+    from fmesh.device_mesh import init_device_mesh as fmesh_init
+
+    torch_ref.init_fake(ROOTS_WORLD)
+    init = fmesh_init if spec["impl"] == "fmesh" else torch_init
+    roots: int = spec["roots"]
+    sizes = []
+    tracemalloc.start()
+    for i in range(2 * roots + 1):
+        dm = init("cpu", (2, 4), mesh_dim_names=(f"a{i}", f"b{i}"))
+        dm._flatten(f"f{i}")
+        dm._unflatten(1, (2, 2), (f"x{i}", f"y{i}"))
+        del dm
+        if i % roots == 0 and i:
+            gc.collect()
+            sizes.append(tracemalloc.get_traced_memory()[0])
+    tracemalloc.stop()
+    return {"growth": max(0, sizes[1] - sizes[0])}
 
 
 def worker_value(spec: Json) -> Json:
@@ -68,7 +100,37 @@ def section(b: Bench) -> None:
         t_tr = realize_runs(TRAINER5, "torch", world, 1, True, limit + 30)[0]
     except WorkerTimeout:
         skipped = f"skipped (ran past {limit + 30:.0f} s)"
-    b.raw["memory"] = {"value": res, "realized_fmesh": f_tr, "realized_torch": t_tr}
+    n = ROOTS.get(b.mode.name, ROOTS["full"])
+    smoke = b.mode.name == "smoke"
+    roots = {
+        impl: run_worker(worker_roots, {"impl": impl, "roots": n}, 300)
+        for impl in (("fmesh",) if smoke else ("fmesh", "torch"))
+    }
+    roots_skipped = (
+        "skipped in smoke mode (a minute of torch new_group calls)" if smoke else None
+    )
+    b.raw["memory"] = {
+        "value": res,
+        "realized_fmesh": f_tr,
+        "realized_torch": t_tr,
+        "roots": roots,
+    }
+    b.add(
+        Row(
+            "memory.roots.growth",
+            "memory",
+            "roots with distinct dim names, built and dropped: memory growth",
+            str(ROOTS_WORLD),
+            ROOTS_WORLD,
+            "B",
+            roots["fmesh"]["growth"],
+            None if smoke else roots["torch"]["growth"],
+            note=f"fake backend; each root (2x4) built, _flatten-ed and _unflatten-ed "
+            f"under new names, then dropped; tracemalloc's current size after {2 * n} "
+            f"roots less after {n}; torch's groups of every root stay registered",
+            skipped=roots_skipped,
+        )
+    )
     for key, label, note in VALUE_ROWS:
         b.add(
             Row(

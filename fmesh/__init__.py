@@ -48,6 +48,7 @@ from ._runtime.launch import init_fake_world as init_fake_world
 from ._runtime.realize import realize as realize
 from ._runtime.realized_mesh import RealizedMesh as RealizedMesh
 from ._runtime.recover import recover as recover
+from ._runtime.stream import stream as stream
 from ._torch.distribute import distribute as distribute
 from ._torch.distribute import placements as placements
 from ._torch.distribute import spec_of as spec_of
@@ -116,5 +117,6 @@ __all__ = [
     "shrink",
     "slice",
     "spec_of",
+    "stream",
     "unflatten",
 ]

@@ -165,7 +165,7 @@ def _gloo_ranks(smoke: dict[str, Any], impl: str, counted: bool) -> list[dict[st
 
 
 def test_gloo_memo_hits_send_no_store_request(smoke: dict[str, Any]) -> None:
-    # A hit is a lookup in the calling thread's memo: nothing goes to the store, on
+    # A hit is a lookup in the process's memo: nothing goes to the store, on
     # any rank (the whole world in rank order is served by the default group).
     for rank in _gloo_ranks(smoke, "fmesh", counted=True):
         for phase in ("world_1d", "memo", "hit"):

@@ -193,7 +193,8 @@ def _group_sums(realized: fmesh.RealizedMesh) -> dict[str, tuple[int, int]]:
 
 def threads_job(rank: int, world: int) -> dict[str, Any]:
     """Threads "ta" (mesh A) and "tb" (mesh B) on every rank, started in opposite
-    orders on even and odd ranks. Each thread is a stream of its own: it realizes its
+    orders on even and odd ranks. Each thread is a stream of its own
+    (``fmesh.stream(name)``, the same name on every rank): it realizes its
     mesh, then slices of it (hits), then a flatten (new in ta, and in tb, whichever
     thread created the group first on this rank), then its mesh again (a hit)."""
     store = _start(rank)
@@ -202,11 +203,14 @@ def threads_job(rank: int, world: int) -> dict[str, Any]:
     def run(name: str, mesh: fmesh.Mesh) -> None:
         timeout = datetime.timedelta(seconds=30)
         try:
-            realized = fmesh.realize(mesh, timeout=timeout)
-            for axis in mesh.axis_names:
-                fmesh.realize(mesh[axis], timeout=timeout)
-            flat = fmesh.realize(fmesh.flatten(mesh, mesh.axis_names[::-1]), timeout=timeout)
-            again = fmesh.realize(mesh, timeout=timeout)
+            with fmesh.stream(name):
+                realized = fmesh.realize(mesh, timeout=timeout)
+                for axis in mesh.axis_names:
+                    fmesh.realize(mesh[axis], timeout=timeout)
+                flat = fmesh.realize(
+                    fmesh.flatten(mesh, mesh.axis_names[::-1]), timeout=timeout
+                )
+                again = fmesh.realize(mesh, timeout=timeout)
             results[name] = {**_group_sums(realized), **_group_sums(flat)}
             results[name + "_again_created"] = again.created
         except Exception as err:

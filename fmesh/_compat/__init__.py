@@ -15,6 +15,7 @@ from .c10d import default_timeout as default_timeout
 from .c10d import fake_store as fake_store
 from .c10d import init_fake_world as init_fake_world
 from .c10d import is_live as is_live
+from .c10d import live_groups as live_groups
 from .c10d import memory_store as memory_store
 from .c10d import new_named_group as new_named_group
 from .c10d import shrink_from as shrink_from
@@ -39,6 +40,7 @@ __all__ = [
     "fake_store",
     "init_fake_world",
     "is_live",
+    "live_groups",
     "memory_store",
     "new_named_group",
     "shrink_from",

@@ -8,7 +8,7 @@ A call whose rank map is one fmesh registered (``register_space``) is answered b
 fmesh: fields from fmesh's coordinates (no O(world) search) and groups through
 ``fmesh.realize``. So is ``DeviceMesh(device_type, tensor)`` where the tensor is a
 view of the whole of a registered rank map (FSDP2's ``mesh.mesh.view(-1, r)``;
-:func:`view_of`): its groups come from ``fmesh.realize``. Any other call goes to the
+``view_of``): its groups come from ``fmesh.realize``. Any other call goes to the
 function that was there before (torch's, or a wrapper another library installed
 earlier).
 
@@ -288,7 +288,7 @@ def _resolve(name: str) -> Any:
 
 
 def uninstall() -> bool:
-    """Undo :func:`install` (``fmesh plan`` leaves torch as it found it). Returns
+    """Undo ``install`` (``fmesh plan`` leaves torch as it found it). Returns
     False, changing nothing, when the methods are no longer fmesh's wrappers (another
     library wrapped them since); True when nothing of fmesh's is installed after it."""
     global _installed

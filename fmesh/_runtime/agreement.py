@@ -124,7 +124,7 @@ def agree(
         record: this rank's call in words, for messages (called on failure only).
         timeout: how long to wait for the other ranks.
         prefix: the call's key prefix, unique per call and equal on every rank.
-        where: the call in words (``realize call #3 of thread 'MainThread'``).
+        where: the call in words (``realize call #3``).
 
     Raises:
         MeshMismatchError: ranks published different codes, some never arrived

@@ -50,8 +50,8 @@ _MISMATCH_HELP = (
     "calls made on some ranks only."
 )
 _MISSING_HELP = (
-    "Every rank must make the same realize() calls in the same order, from threads with "
-    "the same names (calls are matched per thread name). Check the missing ranks' logs; "
+    "Every rank must make the same realize() calls in the same order (per process, or "
+    "per fmesh.stream(name) block). Check the missing ranks' logs; "
     "if they are only slow (e.g. still loading data), pass a longer "
     "realize(timeout=...)."
 )
@@ -101,7 +101,7 @@ class Ticket:
     """The ranks that agree (the world less ranks declared lost), ascending."""
     prefix: str
     where: str
-    """``realize call #k of thread 'T'``, for messages."""
+    """``realize call #k`` (``... of stream 'S'``), for messages."""
     record: Callable[[], Record]
     """This rank's record, computed only when a message needs it."""
 

@@ -9,7 +9,6 @@ and its turn in the stream.
 from __future__ import annotations
 
 import datetime
-import threading
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, final
 
@@ -24,7 +23,7 @@ from .checks import check_backend, check_timeout
 from .groups import AxisRequest, World, serves
 from .launch import current_world
 from .memo import rank_map_key, state
-from .stream import Stream, Turn, call_code
+from .stream import Stream, Turn, call_code, current_stream
 
 if TYPE_CHECKING:
     from .realized_mesh import RealizedMesh
@@ -43,7 +42,8 @@ class Arguments:
     timeout: datetime.timedelta | None
     check: bool
     stream_name: str
-    """The calling thread's name: calls are matched across ranks stream by stream."""
+    """The call's stream (``stream.py``): calls are matched across ranks stream by
+    stream, in the order each rank makes them."""
     key: Hashable | None
     """What identifies the call in its stream's memo (``None``: not memoizable)."""
 
@@ -71,8 +71,7 @@ def checked(
         hash(key)
     except TypeError:
         key = None
-    name = threading.current_thread().name
-    return Arguments(mesh, backend, options, timeout, check, name, key)
+    return Arguments(mesh, backend, options, timeout, check, current_stream(), key)
 
 
 @final
@@ -139,10 +138,11 @@ def expand(args: Arguments) -> Call:
     # The axes the default group serves need no group: their members are not listed.
     coord, ranks_per_axis = placement(mesh, world.rank, tuple(not s for s in served))
     rank_map = rank_map_key(mesh)
+    from .._compat import live_groups
+
+    live = live_groups()
     with state.lock:
-        stream: Stream[RealizedMesh] = state.streams.setdefault(
-            args.stream_name, Stream(args.stream_name)
-        )
+        stream: Stream[RealizedMesh] = state.stream(args.stream_name)
         requests = tuple(
             AxisRequest(
                 mesh=mesh,
@@ -169,6 +169,8 @@ def expand(args: Arguments) -> Call:
             tuple(r.options_id for r in requests),
         )
         summary = Summary(mesh, tuple((r.name, r.backend, r.options_id) for r in requests))
+        # A group destroyed or aborted since is forgotten: its axis is new again.
+        state.forget_dead(live, (r.key for r in requests))
         hit = all(r.key in stream.known or s for r, s in zip(requests, served))
         agrees = not hit or args.check or state.debug
         turn = stream.turn(code, summary, agrees)

@@ -143,8 +143,13 @@ def create(
     )
     group_key = None if members is None else (members, backend, options_id)
     if group_key is not None and not world_collective:
+        from .._compat import is_live
+
         with state.lock:
             pg = state.group_memo.get(group_key)
+            if pg is not None and not is_live(pg):  # destroyed or aborted: make anew
+                state.forget_groups({id(pg): pg})
+                pg = None
         if pg is not None:
             return pg, 0
     desc = f"fmesh:{request.name}"
@@ -199,7 +204,11 @@ def _shrunk(key: GroupKey) -> ProcessGroup | None:
 
 
 def _group_name(ranks: tuple[int, ...], backend: str, options_id: int) -> str:
-    return f"fmesh_g{state.generation}_{digest(ranks, backend, options_id)[:20]}"
+    name = f"fmesh_g{state.generation}_{digest(ranks, backend, options_id)[:20]}"
+    # A group made again after the first died gets a name (and rendezvous keys) of its
+    # own; every member forgot the dead one alike.
+    again = state.reborn.get((ranks, backend, options_id), 0)
+    return f"{name}_{again}" if again else name
 
 
 def _new_group(

@@ -19,11 +19,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "on_creating_call",
+    "on_dead",
     "on_loss",
     "on_realized",
     "on_reset",
     "provide_device_mesh",
     "run_creating_call_hooks",
+    "run_dead_hooks",
     "run_loss_hooks",
     "run_realized_hooks",
     "run_reset_hooks",
@@ -38,6 +40,7 @@ ToDeviceMesh = Callable[
 
 _reset_hooks: list[Callable[[], None]] = []
 _loss_hooks: list[Callable[[], None]] = []
+_dead_hooks: list[Callable[[frozenset[int]], None]] = []
 _realized_hooks: list[Realized] = []
 _device_mesh: list[ToDeviceMesh] = []
 CreatingCall = Callable[[int, int, object, str], None]
@@ -56,6 +59,12 @@ def on_loss(hook: Callable[[], None]) -> None:
     """Call ``hook`` (under the memo lock) after ``fmesh.recover`` declared ranks
     lost: state built on groups that may hold them must go."""
     _loss_hooks.append(hook)
+
+
+def on_dead(hook: Callable[[frozenset[int]], None]) -> None:
+    """Call ``hook(ids)`` (under the memo lock) when the memo forgets groups torch no
+    longer holds (destroyed or aborted): ``ids`` are the ``id()`` of those groups."""
+    _dead_hooks.append(hook)
 
 
 def on_realized(hook: Realized) -> None:
@@ -90,6 +99,11 @@ def run_loss_hooks() -> None:
 def run_creating_call_hooks(number: int, code: int, summary: object, history: str) -> None:
     for hook in _creating_call_hooks:
         hook(number, code, summary, history)
+
+
+def run_dead_hooks(ids: frozenset[int]) -> None:
+    for hook in _dead_hooks:
+        hook(ids)
 
 
 def run_realized_hooks(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:

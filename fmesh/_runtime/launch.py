@@ -160,8 +160,8 @@ def current_world(backend: object) -> World:
     if world_backend == "threaded":
         raise MeshError(
             "fmesh.realize() cannot run on torch's threaded test world: every rank is a "
-            "thread of one process, but fmesh's memo is per process and its calls are "
-            "matched per thread name. Use real processes (torchrun, or the 'fake' "
+            "thread of one process, but fmesh's memo and its order of calls are per "
+            "process. Use real processes (torchrun, or the 'fake' "
             "backend via fmesh.init_fake_world for dry runs); "
             "fmesh.device_mesh.init_device_mesh hands threaded worlds to torch."
         )

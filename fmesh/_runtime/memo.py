@@ -5,20 +5,23 @@ holds it while waiting on peers (group creation, the cross-rank agreement), so
 ``cache_stats()``, ``destroy()`` and realize calls from other threads stay
 responsive. A group being created by one thread is marked *in flight*; another
 thread that needs the same group waits for that creation instead of making it twice.
+
+A group torch no longer holds (destroyed, aborted) is forgotten when a call meets it
+(``State.forget_dead``); the next call that needs it creates a fresh one.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Container, Hashable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
 from .._core.mesh import Mesh
 from .._core.rank_map import rank_map_info
-from .hooks import run_loss_hooks, run_reset_hooks
+from .hooks import run_dead_hooks, run_loss_hooks, run_reset_hooks
 from .loss import GroupKey, Loss
 from .stream import Stream
 
@@ -54,6 +57,10 @@ class State:
     """Everything fmesh holds per process (reset by ``destroy``)."""
 
     lock: threading.Lock = attrs.field(factory=threading.Lock)
+    turns: threading.Condition = attrs.field(
+        default=attrs.Factory(lambda self: threading.Condition(self.lock), takes_self=True)
+    )
+    """Signalled (under ``lock``) when a stream's call is done (``Stream.leave``)."""
     world: object | None = None
     """The default group the memo belongs to."""
     generation: int = 0
@@ -64,7 +71,9 @@ class State:
     created_pgs: list[ProcessGroup] = attrs.field(factory=list)
     options_ids: dict[int, tuple[object, int]] = attrs.field(factory=dict)
     streams: dict[str, Stream[Any]] = attrs.field(factory=dict)
-    """Per thread name: numbering, hit history and the calls made (``_stream.py``)."""
+    """Per stream (``stream.py``): numbering, hit history and the calls made."""
+    reborn: dict[GroupKey, int] = attrs.field(factory=dict)
+    """Groups forgotten dead and created again: how many times (in their names)."""
     debug: bool = False
     """torch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL``: every call agrees."""
     loss: Loss = attrs.field(factory=Loss)
@@ -75,6 +84,7 @@ class State:
     def reset(self) -> None:
         self.loss = Loss()
         self.streams.clear()
+        self.reborn.clear()
         self.axis_memo.clear()
         self.group_memo.clear()
         self.created_pgs.clear()
@@ -105,6 +115,49 @@ class State:
         for axis, pg in list(self.axis_memo.items()):
             if pg is None or id(pg) not in kept:
                 del self.axis_memo[axis]
+
+    def stream(self, name: str) -> Stream[Any]:
+        """The stream ``name`` (made on first use; under the lock)."""
+        found = self.streams.get(name)
+        if found is None:
+            found = self.streams[name] = Stream(name)
+        return found
+
+    def forget_dead(self, live: Container[object], axes: Iterable[Hashable]) -> bool:
+        """Forget every group of the axes ``axes`` that torch no longer holds (not in
+        ``live``), and with it everything that hands it out: the axis and group memos,
+        the streams' realized axes and calls. O(number of axes) when all are live.
+        Returns whether any was forgotten. Under the lock."""
+        dead = {
+            id(pg): pg
+            for pg in (self.axis_memo.get(key) for key in axes)
+            if pg is not None and pg not in live
+        }
+        if not dead:
+            return False
+        self.forget_groups(dead)
+        return True
+
+    def forget_groups(self, dead: dict[int, ProcessGroup]) -> None:
+        """Forget the groups ``dead`` (by id). Rare: it scans the memo. Under the lock."""
+        for group in [k for k, pg in self.group_memo.items() if id(pg) in dead]:
+            del self.group_memo[group]
+            self.reborn[group] = self.reborn.get(group, 0) + 1
+        axes = {k for k, pg in self.axis_memo.items() if pg is not None and id(pg) in dead}
+        for axis in axes:
+            del self.axis_memo[axis]
+        for stream in self.streams.values():
+            stream.known -= axes
+            stale = [
+                call
+                for call, (value, _, _) in stream.calls.items()
+                if any(id(pg) in dead for pg in getattr(value, "groups", {}).values())
+            ]
+            for call in stale:
+                del stream.calls[call]
+        self.created_pgs[:] = [pg for pg in self.created_pgs if id(pg) not in dead]
+        logger.info("fmesh: forgot %d destroyed or aborted groups", len(dead))
+        run_dead_hooks(frozenset(dead))
 
     def options_ordinal(self, options: object) -> int:
         """A rank-independent id for an options object: its order of first use."""

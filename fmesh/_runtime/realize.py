@@ -1,27 +1,31 @@
 """realize: the one side-effecting step, from a Mesh value to process groups.
 
-A repeated call is a dictionary lookup in its stream (``stream.py``). A new one is
-laid out by ``call.py``, agreed with every rank when it creates groups
-(``agreement.py``), then ``groups.py`` creates this rank's groups. Details:
+A repeated call is a dictionary lookup in its stream (``stream.py``). A new one waits
+for its turn in the stream, is laid out by ``call.py``, agreed with every rank when it
+creates groups (``agreement.py``), then ``groups.py`` creates this rank's groups. Details:
 ``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
+import threading
 import time
 import types
-import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
+from .._compat import live_groups
+from .._core.errors import MeshMismatchError
 from . import agreement as _agree
-from .call import checked, expand
+from .call import Arguments, checked, expand
 from .groups import AxisRequest, World, create
 from .hooks import run_creating_call_hooks, run_realized_hooks
 from .memo import state
 from .realized_mesh import RealizedMesh
+from .stream import stream_key, stream_words
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -47,11 +51,14 @@ def realize(
     """Create (or reuse) the process groups the calling rank needs for ``mesh``.
 
     Every rank calls ``realize`` with the same mesh, in the same order (SPMD); ranks
-    outside the mesh get a [`RealizedMesh`][fmesh.RealizedMesh] with ``coordinate`` None and no
-    groups. A call that creates nothing (every axis realized before in this thread, or
-    served by the default group) is a local lookup: no store request, no peer. A call
-    that creates groups first agrees with every rank, so ranks that disagree raise
-    instead of hanging. If no default process group exists, one is initialized from
+    outside the mesh get a [`RealizedMesh`][fmesh.RealizedMesh] with ``coordinate`` None
+    and no groups. Calls are matched across ranks by the order each rank makes them,
+    whatever thread makes them (per stream inside [`fmesh.stream`][fmesh.stream] blocks).
+    A call that creates nothing (every axis realized before in the stream, with a group
+    torch still holds, or served by the default group) is a local lookup: no store
+    request, no peer. A call that creates groups first agrees with every rank, so ranks
+    that disagree raise instead of hanging. A group destroyed or aborted since is made
+    afresh (agreed as usual). If no default process group exists, one is initialized from
     the torchrun environment: with ``backend`` when it is a single string, else NCCL
     with a bound device when CUDA is available and gloo otherwise.
 
@@ -81,28 +88,91 @@ def realize(
             a non-positive timeout.
     """
     args = checked(mesh, backend, options, timeout, check)
-    if args.key is not None and not check and state.world is not None:
-        import torch.distributed as dist
+    realized: RealizedMesh | None = _repeat(args)
+    if realized is not None:
+        return realized
+    with _turn(args.stream_name):
+        # Another thread may have made the same call while this one waited its turn.
+        realized = _repeat(args)
+        return realized if realized is not None else _realize_new(args)
 
+
+def _repeat(args: Arguments) -> RealizedMesh | None:
+    """A repeated call's value, if its groups are all alive (a hit: no peer, no
+    store; O(number of axes)); else ``None``."""
+    if args.key is None or args.check or state.world is None:
+        return None
+    import torch.distributed as dist
+
+    alive = live_groups().__contains__
+    with state.lock:
+        stream = state.streams.get(args.stream_name)
+        if stream is None or state.debug or state.world is not dist.group.WORLD:
+            return None
+        realized: RealizedMesh | None = stream.replay(
+            args.key, lambda r: all(map(alive, r.groups.values()))
+        )
+        if realized is not None:
+            state.reused += args.mesh.ndim
+        return realized
+
+
+@contextlib.contextmanager
+def _turn(name: str) -> Iterator[None]:
+    """Carry out a call that is not a repeat in its turn: the calls of one stream go
+    one at a time, in the order they started. A call queued behind one that failed
+    to agree fails with it. A nested call of the thread carrying one out goes on."""
+    me = threading.get_ident()
+    with state.lock:
+        stream = state.stream(name)
+        nested = stream.holder == me
+        if not nested:
+            ticket = stream.enter()
+            state.turns.wait_for(lambda: stream.ready(ticket))
+            stream.holder = me
+            doomed = stream.doomed(ticket)
+            if doomed:
+                stream.leave(ticket)
+                state.turns.notify_all()
+    if nested:
+        yield
+        return
+    if doomed:
+        raise MeshMismatchError(
+            f"this realize call{stream_words(name)} was waiting for its turn behind one "
+            f"that failed ({doomed}), so it cannot be matched across ranks either. If "
+            "threads of this process realize meshes at the same time, their order can "
+            "differ between ranks: give each thread's calls a stream of their own, "
+            "with fmesh.stream(name), the same name on every rank"
+        )
+    failure = ""
+    try:
+        yield
+    except MeshMismatchError as err:
+        failure = str(err).split(";")[0][:200]
+        raise
+    finally:
         with state.lock:
-            stream = state.streams.get(args.stream_name)
-            if stream is not None and not state.debug and state.world is dist.group.WORLD:
-                realized: RealizedMesh | None = stream.replay(args.key)
-                if realized is not None:
-                    state.reused += mesh.ndim
-                    return realized
+            stream.leave(ticket, failure)
+            state.turns.notify_all()
+
+
+def _realize_new(args: Arguments) -> RealizedMesh:
+    """A call that is not a repeat, in its turn: lay it out, agree if it creates
+    groups, create them."""
+    mesh, timeout = args.mesh, args.timeout
     start = time.perf_counter()
     call = expand(args)
     if call.agrees:  # fmesh plan compares these across ranks, fake worlds included
         run_creating_call_hooks(
             call.turn.number, call.turn.code, call.summary, call.turn.history
         )
-    world, me, stream_name = call.world, call.world.rank, args.stream_name
+    world, me = call.world, call.world.rank
     ticket: _agree.Ticket | None = None
     if call.agrees and not world.fake and world.size > 1:
         from .._compat import default_store
 
-        where = f"realize call #{call.turn.number} of thread {stream_name!r}"
+        where = f"realize call #{call.turn.number}{stream_words(args.stream_name)}"
         turn, summary = call.turn, call.summary
         ticket = _agree.agree(
             default_store(),
@@ -113,7 +183,7 @@ def realize(
             timeout=timeout or DEFAULT_CHECK_TIMEOUT,
             prefix=(
                 f"{_agree.KEY_ROOT}{call.generation}/"
-                f"{urllib.parse.quote(stream_name, safe='')}/{call.turn.number}/"
+                f"{stream_key(args.stream_name)}/{call.turn.number}/"
             ),
             where=where,
         )
@@ -137,7 +207,7 @@ def realize(
             call.stream.known.update(r.key for r in call.requests)
             if args.key is not None:
                 hit_value = realized if created == 0 else _as_hit(realized)
-                call.stream.calls[args.key] = (hit_value, call.code, call.summary)
+                call.stream.remember(args.key, hit_value, call.code, call.summary)
     run_realized_hooks(mesh, groups)
     logger.info(
         "fmesh.realize %r on rank %d: %d groups created, %d from memo, %.1f ms",

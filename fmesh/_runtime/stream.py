@@ -1,26 +1,97 @@
 """Per-stream bookkeeping of realize calls: what makes a call a memo hit, how calls
 are numbered, and the running hash of the calls since the last agreement.
 
-A stream is the calling thread's name; calls are matched across ranks stream by
-stream. Pure Python; the caller holds the memo lock around every method.
+A stream is an order of realize calls that every rank makes alike. By default there
+is one per process: calls are matched across ranks by the order each rank makes them,
+whatever thread makes them (as torch's ``new_group`` requires). Inside
+``stream`` blocks, calls belong to the stream of that name, ordered on their own.
+Pure Python; the caller holds the memo lock around every method.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import hashlib
-from collections.abc import Hashable
+import urllib.parse
+from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
 
 import attrs
 
-__all__ = ["Stream", "Turn", "call_code", "combine", "digest"]
+from .bounded import bound
+
+__all__ = [
+    "PROCESS",
+    "Stream",
+    "Turn",
+    "call_code",
+    "combine",
+    "current_stream",
+    "digest",
+    "stream",
+]
 
 T = TypeVar("T")
 
 _MASK = (1 << 64) - 1
 _RECENT = 3
 """Hits kept per stream for messages (the count is exact)."""
+
+PROCESS = ""
+"""The name of the process-wide stream (no name a caller can give)."""
+
+_current: contextvars.ContextVar[str] = contextvars.ContextVar("fmesh_stream", default=PROCESS)
+
+
+@contextlib.contextmanager
+def stream(name: str) -> Iterator[None]:
+    """Order the realize calls made inside on their own, as stream ``name``.
+
+    By default every realize call of a process is in one order, whichever thread
+    makes it: the k-th call that creates groups on one rank meets the k-th on every
+    other rank, as torch's ``new_group`` requires. Threads that realize meshes at the
+    same time on every rank, in an order that may differ between ranks, each give
+    their calls a stream name of their own, the same on every rank: calls are then
+    matched stream by stream, whatever the other streams do meanwhile. The name
+    applies to the calling thread (and asyncio task) until the block ends; threads
+    started inside do not inherit it.
+
+    Args:
+        name: a non-empty name, the same on every rank for the same calls.
+
+    Raises:
+        TypeError: ``name`` is not a non-empty string.
+
+    >>> import fmesh
+    >>> with fmesh.stream("loader"):
+    ...     pass  # fmesh.realize(...) calls here are stream "loader"'s
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(
+            f"fmesh.stream() needs a non-empty str, the same on every rank; got {name!r}"
+        )
+    token = _current.set(name)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def current_stream() -> str:
+    """The stream realize calls of this thread belong to (``PROCESS`` by default)."""
+    return _current.get()
+
+
+def stream_words(name: str) -> str:
+    """How messages name a stream's calls (after ``realize call #k``)."""
+    return "" if name == PROCESS else f" of stream {name!r}"
+
+
+def stream_key(name: str) -> str:
+    """The stream's part of its agreement keys (no stream name can collide)."""
+    return "p" if name == PROCESS else "s" + urllib.parse.quote(name, safe="")
 
 
 def digest(*parts: object) -> str:
@@ -65,9 +136,12 @@ class Turn:
 
 @attrs.define
 class Stream(Generic[T]):
-    """One thread name's realize calls on this rank, since the last reset.
+    """One stream's realize calls on this rank, since the last reset.
 
-    ``T`` is what a hit hands back (a ``RealizedMesh``).
+    ``T`` is what a hit hands back (a ``RealizedMesh``). Calls that are not repeats
+    are carried out one at a time, in the order they started (``enter``/``leave``):
+    which calls are hits and what the next agreement carries then depend only on
+    that order, never on how threads interleave inside a call.
     """
 
     name: str
@@ -82,18 +156,59 @@ class Stream(Generic[T]):
     )
     known: set[Hashable] = attrs.field(factory=set)
     """Axis keys realized in this stream."""
-    calls: dict[Hashable, tuple[T, int, object]] = attrs.field(factory=dict)
-    """Call key -> (what a hit returns, call code, summary) of calls made before; a
-    summary is anything whose ``str`` describes the call (made only for messages)."""
+    calls: collections.OrderedDict[Hashable, tuple[T, int, object]] = attrs.field(
+        factory=collections.OrderedDict
+    )
+    """Call key -> (what a hit returns, call code, summary) of recent calls, least
+    recently used first (``bounded.py``); a summary is anything whose ``str``
+    describes the call (made only for messages). Dropping one never changes whether
+    a call is a hit: ``known`` decides that, alike on every rank; a dropped call is
+    only laid out again (microseconds)."""
+    queued: int = 0
+    """Tickets handed out to calls that are not repeats (``enter``)."""
+    served: int = 0
+    """The last ticket whose call is done: ticket ``served + 1`` goes next."""
+    holder: int | None = None
+    """The thread carrying out a call now (a nested call in it does not queue)."""
+    doomed_through: int = 0
+    """Tickets up to this one were queued behind a call that failed: they fail too."""
+    failure: str = ""
 
-    def replay(self, key: Hashable) -> T | None:
+    def replay(self, key: Hashable, usable: Callable[[T], bool]) -> T | None:
         """What a call made before hands back, recorded as a hit (``None``: a new
-        call)."""
+        call, or one whose value is no longer ``usable``)."""
         entry = self.calls.get(key)
-        if entry is None:
+        if entry is None or not usable(entry[0]):
             return None
+        self.calls.move_to_end(key)
         self.hit(entry[1], entry[2])
         return entry[0]
+
+    def remember(self, key: Hashable, value: T, code: int, summary: object) -> None:
+        """Keep a call for the fast repeat (dropping the least recently used)."""
+        self.calls[key] = (value, code, summary)
+        self.calls.move_to_end(key)
+        bound(self.calls)
+
+    def enter(self) -> int:
+        """A ticket for a call that is not a repeat: it waits for ``ready``."""
+        self.queued += 1
+        return self.queued
+
+    def ready(self, ticket: int) -> bool:
+        return self.served == ticket - 1
+
+    def doomed(self, ticket: int) -> str:
+        """Why a call queued behind a failed one fails with it ("" if it does not)."""
+        return self.failure if ticket <= self.doomed_through else ""
+
+    def leave(self, ticket: int, failure: str = "") -> None:
+        """The call of ``ticket`` is done; a ``failure`` dooms the calls queued
+        behind it (ranks whose calls raced into other orders raise together)."""
+        self.served = ticket
+        self.holder = None
+        if failure and self.queued > ticket:
+            self.doomed_through, self.failure = self.queued, failure
 
     def turn(self, code: int, summary: object, agrees: bool) -> Turn:
         """Place a new call: one that agrees gets the next number and carries the

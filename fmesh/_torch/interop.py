@@ -27,8 +27,9 @@ from .._core.layout import Layout, complement_modes, row_major
 from .._core.mesh import Mesh
 from .._core.queries import coordinate as coordinate_of
 from .._core.queries import instances
+from .._runtime.bounded import bound
 from .._runtime.checks import check_device_type
-from .._runtime.hooks import on_loss, on_realized, on_reset, provide_device_mesh
+from .._runtime.hooks import on_dead, on_loss, on_realized, on_reset, provide_device_mesh
 from .._runtime.memo import WorldKey, world_key
 from .routing import TorchSpace, space_for, torch_roots
 
@@ -56,7 +57,7 @@ class _State:
     """Per rank space: axis name -> (layout, group) this rank realized, or ``None``
     when the name was realized with two different layouts (ambiguous)."""
     device_meshes: dict[tuple[Mesh, str, bool], DeviceMesh] = attrs.field(factory=dict)
-    """to_device_mesh memo: (mesh, device type, unnamed) -> DeviceMesh."""
+    """to_device_mesh memo: (mesh, device type, unnamed) -> DeviceMesh (``bounded``)."""
     roots: dict[tuple[WorldKey, str, bool], list[Any]] = attrs.field(factory=dict)
     """Live root DeviceMeshes (``Root``) per (rank space, device type, unnamed)."""
 
@@ -66,9 +67,18 @@ class _State:
             self.device_meshes.clear()
             self.roots.clear()
 
+    def forget_dead(self, ids: frozenset[int]) -> None:
+        """Groups with these ``id()`` died: hand out no DeviceMesh made before."""
+        with self.lock:
+            self.device_meshes.clear()
+            for names in self.named_axes.values():
+                for name in [n for n, e in names.items() if e and id(e[1]) in ids]:
+                    del names[name]
+
 
 state = _State()
 on_reset(state.reset)
+on_dead(state.forget_dead)
 on_loss(state.reset)  # DeviceMeshes over the old world hold lost ranks
 
 
@@ -86,6 +96,7 @@ def note_realized(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:
                 continue
             if name not in names:
                 names[name] = (layout, pg)
+                bound(names)
             elif names[name] is not None and names[name] != (layout, pg):
                 names[name] = None  # realized with two layouts: ambiguous
         converted = any(w == wk for w, _, _ in state.roots)
@@ -239,6 +250,7 @@ def to_device_mesh(
             roots.append(root)
         # The memo holds the DeviceMesh, and through it its root.
         state.device_meshes[key] = dm
+        bound(state.device_meshes)
     _sync_flattens(wk)
     return dm
 

@@ -12,6 +12,7 @@ memoized, agreed first).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import datetime
@@ -26,6 +27,7 @@ from .._core.layout import Layout
 from .._core.mesh import Mesh
 from .._core.queries import coordinate as coordinate_of
 from .._core.queries import index_of
+from .._runtime.bounded import bound
 from .._runtime.hooks import on_loss, on_reset
 from .._runtime.memo import WorldKey, world_key
 
@@ -81,7 +83,11 @@ class TorchSpace:
         else:
             self.tensor = torch.tensor(rank_map, dtype=torch.int)
             self._flat = RankTuple(rank_map)
-        self._meshes: dict[tuple[tuple[Modes, ...], tuple[str, ...]], Mesh | None] = {}
+        # A cache of values, least recently used dropped first: bounded however many
+        # roots with other names come and go (dropping one only costs a rebuild).
+        self._meshes: collections.OrderedDict[
+            tuple[tuple[Modes, ...], tuple[str, ...]], Mesh | None
+        ] = collections.OrderedDict()
 
     @property
     def flat(self) -> tuple[int, ...]:
@@ -92,13 +98,20 @@ class TorchSpace:
         them (``dim_0``, ... without names); ``None`` where it is not a valid mesh."""
         named = tuple(names) if names else tuple(f"dim_{i}" for i in range(len(axes)))
         key = (tuple(axes), named)
-        if key not in self._meshes:
-            try:
-                layouts = tuple(Layout._from_modes(m) for m in axes)
-                self._meshes[key] = Mesh(named, layouts, self.index_size, self.rank_map)
-            except MeshError:
-                self._meshes[key] = None
-        return self._meshes[key]
+        with _lock:
+            if key in self._meshes:
+                self._meshes.move_to_end(key)
+                return self._meshes[key]
+        made: Mesh | None
+        try:
+            layouts = tuple(Layout._from_modes(m) for m in axes)
+            made = Mesh(named, layouts, self.index_size, self.rank_map)
+        except MeshError:
+            made = None
+        with _lock:
+            self._meshes[key] = made
+            bound(self._meshes)
+        return made
 
     def coordinate(self, axes: Sequence[Modes]) -> tuple[bool, tuple[int, ...] | None]:
         import torch.distributed as dist
