@@ -49,10 +49,10 @@ from ._runtime.realize import realize as realize
 from ._runtime.realized_mesh import RealizedMesh as RealizedMesh
 from ._runtime.recover import recover as recover
 from ._runtime.stream import stream as stream
+from ._torch.convert import from_device_mesh as from_device_mesh
 from ._torch.distribute import distribute as distribute
 from ._torch.distribute import placements as placements
 from ._torch.distribute import spec_of as spec_of
-from ._torch.interop import from_device_mesh as from_device_mesh
 
 if _typing.TYPE_CHECKING:
     # torch's options class, for annotating realize(options=...); at run time it is

@@ -18,8 +18,6 @@ import attrs
 
 from .._compat.mesh import (
     add_flatten,
-    device_mesh_axes,
-    device_mesh_rank_map,
     make_device_mesh,
 )
 from .._core.errors import MeshError
@@ -38,7 +36,6 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = [
-    "from_device_mesh",
     "is_flatten_of",
     "new_root",
     "note_realized",
@@ -374,32 +371,6 @@ def _sync_flattens(wk: WorldKey) -> None:
                 (pg.group_name, pg),
                 None if where is None else where[0],
             )
-
-
-def from_device_mesh(device_mesh: DeviceMesh) -> Mesh:
-    """The fmesh value of a torch ``DeviceMesh`` (its layout, ranks and names).
-
-    Works for every DeviceMesh torch makes: roots, slices, flattens, unflattens and
-    meshes built from groups. Unnamed dimensions are called ``dim0``, ``dim1``, ...
-
-    Raises:
-        TypeError: for anything but a DeviceMesh.
-    """
-    from torch.distributed.device_mesh import DeviceMesh
-
-    if not isinstance(device_mesh, DeviceMesh):
-        raise TypeError(
-            f"from_device_mesh() needs a torch DeviceMesh, got {type(device_mesh).__name__}"
-        )
-    names = device_mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(device_mesh.ndim))
-    axes = tuple(Layout._from_modes(m) for m in device_mesh_axes(device_mesh))
-    flat = device_mesh_rank_map(device_mesh)
-    try:
-        return Mesh(tuple(names), axes, len(flat), flat)
-    except MeshError:
-        # A rank map longer than the layout's span (torch allows it): keep what the
-        # layout reaches, as its own rank space.
-        return Mesh.from_ranks(device_mesh.mesh.cpu().numpy(), tuple(names))
 
 
 # The runtime calls these through its hooks; it never imports this module.
