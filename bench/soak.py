@@ -12,7 +12,8 @@ section, and nothing here is written to ``results.*``).
    then torch's ``_flatten`` and ``_unflatten`` on the result (routed into realize),
    then ``fmesh.destroy()``, ``--builds`` times.
 
-Each rank reports its open file descriptors, threads and RSS before and after.
+Each rank reports its open file descriptors, threads and RSS at the start, after the
+cycles, and at the end (before and after a garbage collection).
 
 3. **Crash count, side by side**: a small DTensor model trained in bf16 with tensor
    parallelism (``ColwiseParallel``/``RowwiseParallel``) and FSDP2 (``fully_shard``) on a
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
+import gc
 import json
 import os
 import sys
@@ -89,10 +91,15 @@ def soak_worker(spec: Json) -> Json:
         del dm, flat
         fmesh.destroy()
     builds_s = time.monotonic() - t0
+    # torch's DeviceMesh objects form reference cycles that hold their groups (and
+    # gloo's sockets) until the collector runs: measure before and after it.
+    before_gc = _usage()
+    gc.collect()
     return {
         "rank": int(os.environ["RANK"]),
         "start": before,
         "after_cycles": after_cycles,
+        "end_before_gc": before_gc,
         "end": _usage(),
         "groups_created_in_cycles": created,
         "cycles_s": round(cycles_s, 1),
