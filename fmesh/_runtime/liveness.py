@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, cast
 from .._core.errors import MeshMismatchError, PeerLostError
 from . import agreement as _agree
 from .agreement_records import Ticket, append, wait_get
-from .hooks import on_reset
 
 if TYPE_CHECKING:
     from .._compat import Store
@@ -48,15 +47,9 @@ _local = threading.local()
 _pool_lock = threading.Lock()
 _pool: list[tuple[Store, Store, Callable[[], None] | None, Store]] = []
 """Idle (store, creation connection, its breaker, beat connection): a creating call
-reuses them, so it opens no connection of its own after the first."""
-
-
-def _reset() -> None:
-    with _pool_lock:
-        _pool.clear()
-
-
-on_reset(_reset)
+reuses them, so it opens no connection of its own after the first. Kept across
+``fmesh.destroy()`` (the default group and its store stay): a new connection costs a
+round trip, and when ranks connect at once one can stall for seconds."""
 
 
 def settings(timeout: datetime.timedelta | None) -> tuple[float, float]:
