@@ -198,7 +198,6 @@ def _check_survivors(job: Job, deaths: dict[int, int], bound: float) -> None:
             continue
         assert o.ok, job.describe()
         out = o.value
-        print(f"rank {o.rank}: {out['error']} after {out['elapsed']:.1f}s: {out.get('lost')}")
         assert out["error"] == "PeerLostError", (o.rank, out.get("traceback"))
         assert out["lost"] == tuple(dead), (o.rank, out)
         assert f"rank(s) {dead} died during realize call #" in out["message"], out
