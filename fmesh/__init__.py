@@ -12,6 +12,7 @@ from ._core.errors import AxisNotFoundError as AxisNotFoundError
 from ._core.errors import LaunchError as LaunchError
 from ._core.errors import MeshError as MeshError
 from ._core.errors import MeshMismatchError as MeshMismatchError
+from ._core.errors import PeerLostError as PeerLostError
 from ._core.errors import UnrepresentableSplitError as UnrepresentableSplitError
 from ._core.hosts import AxisHosts as AxisHosts
 from ._core.hosts import HostReport as HostReport
@@ -85,6 +86,7 @@ __all__ = [
     "MeshPlan",
     "P",
     "PartitionSpec",
+    "PeerLostError",
     "PlanDivergence",
     "PlanReport",
     "PlannedCall",

@@ -24,7 +24,7 @@ import fmesh
 
 PUBLIC = sorted(fmesh.__all__)
 # Base classes meant to be subclassed (the root of the error hierarchy).
-NOT_FINAL = {"MeshError"}
+NOT_FINAL = {"MeshError", "MeshMismatchError"}
 # Short aliases, as in JAX (``P`` for ``PartitionSpec``): the same object as the name.
 ALIASES = {"P": "PartitionSpec"}
 # torch's own classes, re-exported for annotations and looked up lazily (no torch import
@@ -118,6 +118,16 @@ def test_the_public_submodule_is_only_re_exports() -> None:
     assert getattr(error, "__final__", False) is True
     # torch's exception type where torch raises, and fmesh's.
     assert issubclass(error, RuntimeError) and issubclass(error, fmesh.MeshError)
+
+
+def test_peer_lost_error_is_a_mismatch_and_torchs_runtime_error() -> None:
+    import pickle
+
+    error = fmesh.PeerLostError
+    assert getattr(error, "__final__", False) is True
+    assert issubclass(error, fmesh.MeshMismatchError) and issubclass(error, RuntimeError)
+    again = pickle.loads(pickle.dumps(error("rank 3 died", (3,))))
+    assert str(again) == "rank 3 died" and again.lost == (3,)
 
 
 @pytest.mark.parametrize(

@@ -369,8 +369,9 @@ def test_peer_that_exits_is_named(tmp_path: Path) -> None:
 
 def test_peer_that_exits_during_group_creation_is_reported(tmp_path: Path) -> None:
     # Mesh A (dp=2, tp=2): rank 2 dies in its first group, dp [0, 2]. Rank 0 waits
-    # for it there and rank 3 in tp [2, 3]; rank 1 then waits in tp [0, 1] for rank 0,
-    # which gave up -- so the cause travels along the chain, each within the timeout.
+    # for it there and rank 3 in tp [2, 3]; their watches find it lost and every
+    # survivor, rank 1 included, raises PeerLostError naming it (tests/test_peerloss.py
+    # covers the rest).
     dead, timeout_s = 2, 5.0
     job = run_spawn(
         death_in_creation_job, WORLD, dead, timeout_s, tmp_path=tmp_path, timeout=JOB_TIMEOUT
@@ -380,10 +381,9 @@ def test_peer_that_exits_during_group_creation_is_reported(tmp_path: Path) -> No
     for rank, out in outs.items():
         assert job.outcomes[rank].ok, job.describe()
         assert out["error"], (rank, out)
-        assert "after every rank agreed on realize call #" in out["message"], out
-        assert out["elapsed"] < 2 * timeout_s + 20.0, out
+        assert "rank(s) [2] died during realize call #" in out["message"], out
+        assert "after every rank agreed on it" in out["message"], out
+        assert out["elapsed"] < timeout_s + 20.0, out
     for rank in (0, 3):
         group = fmesh.group(mesh_a(), "dp" if rank == 0 else "tp", rank)
         assert f"creating the group {list(group)}" in outs[rank]["message"]
-        assert "died or is stuck" in outs[rank]["message"], outs[rank]
-    assert "rank 0 gave up" in outs[1]["message"], outs[1]

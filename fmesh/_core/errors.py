@@ -22,6 +22,7 @@ __all__ = [
     "LaunchError",
     "MeshError",
     "MeshMismatchError",
+    "PeerLostError",
     "UnrepresentableSplitError",
 ]
 
@@ -53,11 +54,28 @@ class UnrepresentableSplitError(MeshError):
     __module__ = "fmesh"
 
 
-@final
 class MeshMismatchError(MeshError):
     """Ranks disagree about the mesh being realized (raised instead of hanging)."""
 
     __module__ = "fmesh"
+
+
+@final
+class PeerLostError(MeshMismatchError, RuntimeError):
+    """A rank that a realize call waited for died after the ranks agreed on the call
+    (before its groups were all made); raised on every surviving rank of the call.
+
+    ``lost`` holds the lost ranks, ascending. The call made no group on any survivor:
+    call :func:`fmesh.recover` and carry on without the lost ranks. Also a
+    ``RuntimeError``, the class of torch's own store and connection errors.
+    """
+
+    def __init__(self, message: str, lost: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.lost = lost
+
+    def __reduce__(self) -> tuple[type[PeerLostError], tuple[str, tuple[int, ...]]]:
+        return (PeerLostError, (str(self), self.lost))
 
 
 @final

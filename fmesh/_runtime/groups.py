@@ -20,6 +20,7 @@ from .._core.layout import Layout
 from .._core.mesh import Mesh
 from .._core.rank_map import rank_map_info
 from . import agreement as _agree
+from . import liveness
 from .memo import GroupKey, rank_map_key, state
 from .stream import digest
 
@@ -233,12 +234,19 @@ def _new_group(
         # This thread's own store connection: the rendezvous waits in the store, and
         # a store client serializes its operations, so threads sharing one would
         # wait on each other.
-        store = None if ticket is None else _agree.thread_store(default_store())
+        # The watch breaks it when a peer dies (liveness.py).
+        store = None if ticket is None else liveness.store_for_creation(default_store())
     try:
         return new_named_group(ranks, me, backend, options, timeout, name, desc, store)
     except Exception as err:  # a peer that never joins shows up as a store timeout
         if ticket is None:
             raise
+        watch = liveness.current()
+        found = (
+            None if watch is None else watch.error(f"creating the group {list(ranks)}", err)
+        )
+        if found is not None:
+            raise found from err
         _agree.abort(ticket, f"it could not create the group {list(ranks)}: {err}")
         gave_up = _peer_failures(ticket, ranks, me, grace=min(timeout.total_seconds(), 5.0))
         others = [r for r in ranks if r != me]

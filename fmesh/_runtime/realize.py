@@ -2,7 +2,8 @@
 
 A repeated call is a dictionary lookup in its stream (``stream.py``). A new one waits
 for its turn in the stream, is laid out by ``call.py``, agreed with every rank when it
-creates groups (``agreement.py``), then ``groups.py`` creates this rank's groups. Details:
+creates groups (``agreement.py``), then ``groups.py`` creates this rank's groups while
+``liveness.py`` watches the peers they wait for. Details:
 ``docs/design/agreement-protocol.md``.
 """
 
@@ -18,8 +19,9 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from .._compat import live_groups
-from .._core.errors import MeshMismatchError
+from .._core.errors import MeshMismatchError, PeerLostError
 from . import agreement as _agree
+from . import liveness
 from .call import Arguments, checked, expand
 from .groups import AxisRequest, World, create
 from .hooks import run_creating_call_hooks, run_realized_hooks
@@ -83,6 +85,10 @@ def realize(
     Raises:
         MeshMismatchError: ranks disagree about this call, or about the calls made
             since the last agreement; a rank never arrived within the timeout.
+        PeerLostError: a rank died after every rank agreed on the call, before its
+            groups were all made; every surviving rank raises it within seconds
+            (about half of ``timeout`` when that is shorter than 16 s), keeping no
+            group of the call. Call :func:`fmesh.recover` to carry on without it.
         LaunchError: no process group and no usable torchrun environment.
         MeshError: the mesh needs ranks the world does not have; an unknown backend;
             a non-positive timeout.
@@ -189,12 +195,31 @@ def _realize_new(args: Arguments) -> RealizedMesh:
         )
 
     groups: dict[str, ProcessGroup] = {}
-    created = 0
-    for request in call.requests:
-        pg, made = _axis_group(request, world, timeout, ticket)
-        created += made
-        if pg is not None:
-            groups[request.name] = pg
+    made_now: list[ProcessGroup] = []
+    watch = liveness.start(ticket, timeout)
+    try:
+        with liveness.active(watch):
+            for request in call.requests:
+                with liveness.waiting_for(watch, request.members):
+                    pg, made = _axis_group(request, world, timeout, ticket)
+                if made and pg is not None:
+                    made_now.append(pg)
+                if pg is not None:
+                    groups[request.name] = pg
+            if watch is not None:
+                from .._compat import default_timeout
+
+                watch.finish(timeout or default_timeout(world.backend))
+    except BaseException as err:
+        if watch is not None:
+            if not isinstance(err, PeerLostError):
+                watch.fail(err)
+            watch.close()
+        _forget(made_now)
+        raise
+    if watch is not None:
+        watch.close()
+    created = len(made_now)
     realized = RealizedMesh(
         mesh=mesh,
         rank=me,
@@ -228,6 +253,29 @@ def _axis_group(
 ) -> tuple[ProcessGroup | None, int]:
     """This rank's group along one axis: from the axis memo, else created once."""
     return state.axis(request.key, lambda: create(request, world, timeout, ticket))
+
+
+def _forget(made: list[ProcessGroup]) -> None:
+    """A failed call keeps none of the groups it made: out of the memo, destroyed."""
+    if not made:
+        return
+    import torch.distributed as dist
+
+    ids = {id(pg) for pg in made}
+    with state.lock:
+        for key, pg in list(state.group_memo.items()):
+            if id(pg) in ids:
+                del state.group_memo[key]
+        for axis, value in list(state.axis_memo.items()):
+            if value is not None and id(value) in ids:
+                del state.axis_memo[axis]
+        state.created_pgs[:] = [pg for pg in state.created_pgs if id(pg) not in ids]
+        state.created -= len(made)
+    for pg in made:
+        try:
+            dist.destroy_process_group(pg)
+        except (RuntimeError, ValueError) as err:  # already gone
+            logger.debug("fmesh: destroying a group of a failed call: %s", err)
 
 
 def _as_hit(realized: RealizedMesh) -> RealizedMesh:

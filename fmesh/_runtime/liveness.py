@@ -1,0 +1,312 @@
+"""No rank waits for a dead peer while a realize call creates groups.
+
+From the agreement to the end of a creating call, every rank runs a *watch*: a daemon
+thread that beats (adds 1 to its own key every ``interval``) on its own store
+connection and reads the beats of the peers this rank waits for: the members of the
+group being created, then, at the call's closing barrier, its neighbours in rank order.
+A peer whose beat stands still for ``patience`` seconds is lost: its watcher publishes
+the verdict under the call's keys and breaks the connection the creation waits on, so
+the blocked torch call raises at once; every other rank's watch sees the verdict at its
+next beat and does the same. A slow peer keeps beating (the thread needs neither its
+main thread nor its GIL for long), so it is never declared lost. Memo hits run no
+watch; neither do stores other than a TCPStore (a watch must be able to break its
+connection; see ``_compat/store_conn.py``). The protocol:
+``docs/design/agreement-protocol.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator
+from typing import TYPE_CHECKING, cast
+
+from .._core.errors import MeshMismatchError, PeerLostError
+from . import agreement as _agree
+from .agreement_records import Ticket, append, wait_get
+
+if TYPE_CHECKING:
+    from .._compat import Store
+
+__all__ = ["Watch", "current", "settings", "start", "store_for_creation", "waiting_for"]
+
+logger = logging.getLogger("fmesh")
+
+INTERVAL = 1.0
+"""Seconds between two beats at default settings."""
+PATIENCE = 8.0
+"""Seconds a beat may stand still before its rank is lost, at default settings."""
+
+started = 0
+"""Watches started in this process (tests: a memo hit starts none)."""
+
+_local = threading.local()
+_pool_lock = threading.Lock()
+_pool: list[tuple[Store, Store, Callable[[], None] | None, Store]] = []
+"""Idle (store, creation connection, its breaker, beat connection): a creating call
+reuses them, so it opens no connection of its own after the first. Kept across
+``fmesh.destroy()`` (the default group and its store stay): a new connection costs a
+round trip, and when ranks connect at once one can stall for seconds."""
+
+
+def settings(timeout: datetime.timedelta | None) -> tuple[float, float]:
+    """(interval, patience) in seconds: the defaults, shortened to fit a shorter
+    ``timeout`` (a loss is found within about half of it).
+
+    >>> settings(None), settings(datetime.timedelta(seconds=4))
+    ((1.0, 8.0), (0.5, 2.0))
+    """
+    patience = PATIENCE
+    if timeout is not None:
+        patience = max(0.5, min(PATIENCE, timeout.total_seconds() / 2))
+    return min(INTERVAL, patience / 4), patience
+
+
+def _take(store: Store) -> tuple[Store, Callable[[], None] | None, Store] | None:
+    """Pooled or new connections for a watch: (creation connection, its breaker, beat
+    connection); ``None`` where the default store is not a TCPStore (no watch)."""
+    from .._compat import breakable_connection, store_port
+
+    if store_port(store) is None:
+        return None
+    with _pool_lock:
+        _pool[:] = [entry for entry in _pool if entry[0] is store]
+        if _pool:
+            return _pool.pop()[1:]
+    made = None
+    for _ in range(3):  # another thread's new socket can hide ours: try again
+        made = breakable_connection(store)
+        if made is not None:
+            break
+    if made is None:
+        # Every rank must beat (its peers watch it); this rank's own creation then
+        # waits for torch's timeout, as without a watch.
+        logger.debug("fmesh: no breakable store connection; creation is not interruptible")
+        return _agree.new_connection(store), None, _agree.new_connection(store)
+    return made[0], made[1], _agree.new_connection(store)
+
+
+class Watch:
+    """One creating call's watch on this rank (see the module docstring)."""
+
+    def __init__(
+        self,
+        ticket: Ticket,
+        timeout: datetime.timedelta | None,
+        conns: tuple[Store, Callable[[], None] | None, Store],
+    ) -> None:
+        global started
+        started += 1
+        self.ticket = ticket
+        self.p = ticket.prefix + "w/"
+        self.interval, self.patience = settings(timeout)
+        self.store, self._breaker, self._beat_conn = conns
+        self._broken = False
+        self._lock = threading.Lock()
+        self._watching: tuple[int, ...] = ()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"fmesh-watch-{ticket.rank}", daemon=True
+        )
+        self._thread.start()
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        conn, p, me = self._beat_conn, self.p, self.ticket.rank
+        seen: dict[int, tuple[int, float]] = {}
+        try:
+            while True:
+                conn.add(f"{p}hb/{me}", 1)
+                if conn.check([p + "end"]):
+                    if conn.get(p + "end") != b"ok":
+                        self._break()
+                    return
+                with self._lock:
+                    watching = self._watching
+                now = time.monotonic()
+                stale = []
+                for r in watching:
+                    beat = conn.add(f"{p}hb/{r}", 0)
+                    last = seen.get(r)
+                    if last is None or last[0] != beat:
+                        seen[r] = (beat, now)
+                    elif now - last[1] >= self.patience:
+                        stale.append(r)
+                if stale:
+                    self._declare(conn, stale)
+                    return
+                if self._stop.wait(self.interval):
+                    return
+        except Exception as err:  # the store is gone: the caller's own wait says so
+            logger.debug("fmesh: watch of rank %d stopped: %s", me, err)
+
+    def _declare(self, conn: Store, stale: list[int]) -> None:
+        """Publish ``stale`` as lost, give other watchers a moment to add theirs (ranks
+        that died together), then wake every rank of the call."""
+        p = self.p
+        if not conn.check([p + "end"]):
+            append(conn, p + "lost", ",".join(map(str, stale)) + ",")
+            conn.compare_set(p + "by", "", str(self.ticket.rank))
+            time.sleep(2 * self.interval)
+            conn.compare_set(p + "end", "", "lost")
+        self._break()
+
+    def _break(self) -> None:
+        with self._lock:
+            self._broken = True
+        if self._breaker is not None:
+            self._breaker()
+
+    # -- the caller ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def waiting_for(self, ranks: Collection[int]) -> Iterator[None]:
+        me = self.ticket.rank
+        with self._lock:
+            self._watching = tuple(r for r in ranks if r != me)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._watching = ()
+
+    def verdict(self, wait: float = 0.0) -> str | None:
+        """The call's outcome once published (``ok``, ``lost``, ``fail:...``)."""
+        raw = wait_get(_agree.thread_store(self.ticket.store), self.p + "end", wait)
+        return None if raw is None else raw.decode()
+
+    def lost(self) -> tuple[int, ...]:
+        conn = _agree.thread_store(self.ticket.store)
+        raw = wait_get(conn, self.p + "lost", 0.0)
+        text = "" if raw is None else raw.decode()
+        return tuple(sorted({int(r) for r in text.split(",") if r}))
+
+    def error(self, doing: str, cause: object) -> MeshMismatchError | None:
+        """The error to raise after ``doing`` failed with ``cause``, if a verdict
+        explains it (waiting for one a little: a peer's death may be found after
+        torch's own timeout fired)."""
+        verdict = self.verdict(0.0 if self._broken else self.patience + 2 * self.interval)
+        if verdict is None or verdict == "ok":
+            return None
+        t = self.ticket
+        where = f"{t.where} ({t.summary})"
+        if verdict.startswith("fail:"):
+            return MeshMismatchError(
+                f"rank {t.rank} stopped {doing} at {where}: another rank gave up on the "
+                f"call after every rank agreed on it: {verdict[5:]}"
+            )
+        lost = self.lost()
+        by = wait_get(_agree.thread_store(t.store), self.p + "by", 0.0)
+        found = "" if by is None else f", found by rank {by.decode()}"
+        return PeerLostError(
+            f"rank(s) {list(lost)} died during {where}, after every rank agreed on it "
+            f"(their heartbeat stopped for {self.patience:g}s{found}); rank {t.rank} was "
+            f"{doing}. No group of this call was kept on any survivor: call "
+            "fmesh.recover(timeout=...) on every surviving rank and carry on without "
+            "them (docs/elastic.md)." + _said(cause),
+            lost,
+        )
+
+    def finish(self, timeout: datetime.timedelta) -> None:
+        """The closing barrier: wait until every rank of the call made its groups,
+        watching this rank's neighbours; raise if a rank was lost or gave up."""
+        import torch.distributed as dist
+
+        t = self.ticket
+        ranks = list(t.ranks)
+        n = len(ranks)
+        conn = _agree.thread_store(t.store)
+        if conn.add(self.p + "out", 1) == n:
+            conn.compare_set(self.p + "end", "", "ok")
+        i = ranks.index(t.rank)
+        doing = "waiting for the other ranks to finish creating their groups"
+        with self.waiting_for({ranks[(i - 1) % n], ranks[(i + 1) % n]} - {t.rank}):
+            try:
+                self.store.wait([self.p + "end"], timeout)
+            except dist.DistError as err:
+                found = self.error(doing, err)
+                if found is not None:
+                    raise found from None
+                raise MeshMismatchError(
+                    f"rank {t.rank} waited {timeout.total_seconds():g}s at the end of "
+                    f"{t.where} for ranks that are alive but never finished creating "
+                    f"their groups ({t.summary}): {err}"
+                ) from err
+        found = self.error(doing, "")
+        if found is not None:
+            raise found
+
+    def fail(self, err: BaseException) -> None:
+        """This rank gives up on the call (not for a lost peer): wake the others."""
+        first = (str(err).splitlines() or [type(err).__name__])[0][:500]
+        message = f"rank {self.ticket.rank}: {first}"
+        with contextlib.suppress(Exception):
+            _agree.thread_store(self.ticket.store).compare_set(
+                self.p + "end", "", "fail:" + message
+            )
+
+    def close(self) -> None:
+        """Stop the thread; the last rank of the call out deletes the call's keys."""
+        self._stop.set()
+        self._thread.join()
+        if not self._broken:
+            with _pool_lock:
+                _pool.append((self.ticket.store, self.store, self._breaker, self._beat_conn))
+        t = self.ticket
+        conn = _agree.thread_store(t.store)
+        with contextlib.suppress(Exception):
+            verdict = self.verdict()
+            alive = len(t.ranks) - (len(self.lost()) if verdict == "lost" else 0)
+            if conn.add(self.p + "gone", 1) >= alive:
+                for r in t.ranks:
+                    conn.delete_key(f"{self.p}hb/{r}")
+                for key in ("out", "end", "lost", "by", "gone"):
+                    conn.delete_key(self.p + key)
+                conn.delete_key(t.prefix + "failed")
+
+
+def _said(cause: object) -> str:
+    first = (str(cause).splitlines() or [""])[0][:300]
+    return f" torch said: {first}" if first else ""
+
+
+def start(ticket: Ticket | None, timeout: datetime.timedelta | None) -> Watch | None:
+    """A watch for a creating call (none without a ticket: nobody to wait for)."""
+    if ticket is None or len(ticket.ranks) <= 1:
+        return None
+    conns = _take(ticket.store)
+    return None if conns is None else Watch(ticket, timeout, conns)
+
+
+@contextlib.contextmanager
+def active(watch: Watch | None) -> Iterator[None]:
+    """Make ``watch`` this thread's current one (``current()``) for the block."""
+    previous = getattr(_local, "watch", None)
+    _local.watch = watch
+    try:
+        yield
+    finally:
+        _local.watch = previous
+
+
+def current() -> Watch | None:
+    return cast("Watch | None", getattr(_local, "watch", None))
+
+
+def waiting_for(
+    watch: Watch | None, ranks: Collection[int] | None
+) -> contextlib.AbstractContextManager[None]:
+    if watch is None or not ranks:
+        return contextlib.nullcontext()
+    return watch.waiting_for(ranks)
+
+
+def store_for_creation(store: Store) -> Store:
+    """The connection a group creation should wait in: the current watch's breakable
+    one, else this thread's own."""
+    watch = current()
+    return watch.store if watch is not None else _agree.thread_store(store)
