@@ -168,7 +168,11 @@ def expand(args: Arguments) -> Call:
             tuple(r.backend for r in requests),
             tuple(r.options_id for r in requests),
         )
-        summary = Summary(mesh, tuple((r.name, r.backend, r.options_id) for r in requests))
+        summary = Summary(
+            mesh,
+            tuple((r.name, r.backend, r.options_id if r.options else 0) for r in requests),
+            args.timeout,
+        )
         # A group destroyed or aborted since is forgotten: its axis is new again.
         state.forget_dead(live, (r.key for r in requests))
         hit = all(r.key in stream.known or s for r, s in zip(requests, served))
@@ -223,7 +227,8 @@ class Summary:
 
     mesh: Mesh
     axes: tuple[tuple[str, str, int], ...]
-    """(axis name, backend, options ordinal) per axis."""
+    """(axis name, backend, options ordinal or 0 without options) per axis."""
+    timeout: datetime.timedelta | None = None
 
     def __str__(self) -> str:
         backends = {b for _, b, _ in self.axes}
@@ -233,4 +238,6 @@ class Summary:
             text = f"{self.mesh!r} with backends {dict((n, b) for n, b, _ in self.axes)}"
         if any(o for _, _, o in self.axes):
             text += f" and options #{[o for _, _, o in self.axes]}"
+        if self.timeout is not None:
+            text += f", timeout {self.timeout}"
         return text

@@ -73,7 +73,9 @@ def realize(
             mapping from axis name to options.
         timeout: how long group creation and the cross-rank agreement may wait for
             peers (default: torch's backend timeout for creation, 5 minutes for the
-            agreement). Groups fmesh creates keep it as their collective timeout.
+            agreement). Groups fmesh creates keep it as their collective timeout, so
+            it is part of a group's identity: the same mesh realized with another
+            timeout (or none) gets groups of its own.
         check: agree with every rank even if the call creates nothing (debugging;
             every rank must pass it for the same call). ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
             does this for every call.
