@@ -53,9 +53,12 @@ class Space(Protocol):
         """The rank map as a tuple (torch's ``_flatten_rank_map``), one object shared
         by every DeviceMesh over it."""
 
-    def coordinate(self, axes: Sequence[Modes]) -> tuple[bool, tuple[int, ...] | None]:
-        """(known, this rank's coordinate) in a mesh of ``axes``; known is False where
-        fmesh leaves the answer to torch (an invalid layout, or torch's own error)."""
+    def coordinate(
+        self, axes: Sequence[Modes], rank: int | None = None
+    ) -> tuple[bool, tuple[int, ...] | None]:
+        """(known, the coordinate of ``rank``, by default this process's) in a mesh of
+        ``axes``; known is False where fmesh leaves the answer to torch (an invalid
+        layout, or torch's own error)."""
 
     def groups(
         self, axes: Sequence[Modes], names: Sequence[str] | None, configs: BackendConfigs
@@ -215,12 +218,12 @@ def _fast_init(dm: Any, space: Space, device_type: str, kwargs: dict[str, Any]) 
     if dist.get_backend() == "threaded" or _torchcomms():
         return False
     axes = layout_axes(layout)
-    known, coordinate = space.coordinate(axes)
+    rank = kwargs.get("_rank")
+    known, coordinate = space.coordinate(axes, rank)
     if not known:
         return False
     names = kwargs.get("mesh_dim_names")
     root = kwargs.get("_root_mesh")
-    rank = kwargs.get("_rank")
     fields: dict[str, Any] = dict(
         _device_type=device_type,
         _layout=layout,

@@ -5,7 +5,9 @@ Every error fmesh raises for bad input derives from :class:`MeshError`, which is
 ``KeyError`` so ``except KeyError`` code written for dict-like lookups keeps working.
 Wrong argument types raise plain ``TypeError``. Where torch's ``init_device_mesh``
 raises ``RuntimeError``, ``fmesh.device_mesh.init_device_mesh`` raises
-:class:`DeviceMeshError`, which is also a ``RuntimeError``.
+:class:`DeviceMeshError`, which is also a ``RuntimeError``; where torch raises
+``ValueError`` for a ``mesh_shape`` of the wrong type, :class:`DeviceMeshTypeError`,
+also a ``TypeError``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import final
 __all__ = [
     "AxisNotFoundError",
     "DeviceMeshError",
+    "DeviceMeshTypeError",
     "LaunchError",
     "MeshError",
     "MeshMismatchError",
@@ -60,3 +63,11 @@ class DeviceMeshError(MeshError, RuntimeError):
     a device type with an index, a bad ``backend_override``, a mesh larger than the
     world). Also a ``RuntimeError``, so ``except RuntimeError`` code written for torch
     keeps working."""
+
+
+@final
+class DeviceMeshTypeError(MeshError, TypeError):
+    """``fmesh.device_mesh.init_device_mesh`` was given a ``mesh_shape`` entry that is
+    not an int (a float, a str, a bool), where torch raises ``ValueError``. A
+    ``MeshError`` (so a ``ValueError``) and a ``TypeError``: ``except`` clauses written
+    for torch, or for a wrong argument type, catch it."""

@@ -248,15 +248,19 @@ def new_root(
     device_type: str,
     *,
     unnamed: bool,
+    names: tuple[Any, ...] | None = None,
 ) -> DeviceMesh:
     """A new root DeviceMesh of ``mesh`` (one instance, realized on this rank with
     ``groups``), as every call of torch's ``init_device_mesh`` makes one: the roots
-    of one rank space share its rank map and fmesh's groups, not their flattens."""
+    of one rank space share its rank map and fmesh's groups, not their flattens.
+    ``names``: the DeviceMesh's dim names where they are not ``mesh``'s axis names
+    (torch accepts any names, ``""`` and non-str included)."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
     coordinate = coordinate_of(mesh, rank)
-    root, dm = _make(mesh, device_type, rank, None, unnamed, _groups(mesh, coordinate, groups))
+    dim_groups = _groups(mesh, coordinate, groups)
+    root, dm = _make(mesh, device_type, rank, None, unnamed, dim_groups, names)
     wk = world_key(mesh)
     with state.lock:
         _live(state.roots.setdefault((wk, device_type, unnamed), [])).append(root)
@@ -271,8 +275,10 @@ def _make(
     root: tuple[Root, DeviceMesh] | None,
     unnamed: bool,
     dim_groups: Sequence[tuple[str, Any]] | None,
+    names: tuple[Any, ...] | None = None,
 ) -> tuple[Root, DeviceMesh]:
-    """The DeviceMesh of ``mesh`` (a root when ``root`` is None), with its facts."""
+    """The DeviceMesh of ``mesh`` (a root when ``root`` is None), with its facts;
+    its dim names are ``names`` if given, else ``mesh``'s axis names."""
     space = space_for(mesh) if root is None else root[0].space
     coord = coordinate_of(mesh, rank)
     # torch's own search fails off a mesh with several instances: keep its answer.
@@ -281,7 +287,7 @@ def _make(
         device_type,
         _dims(mesh),
         space.tensor,
-        None if unnamed else mesh.axis_names,
+        None if unnamed else (mesh.axis_names if names is None else names),
         dim_groups,
         None if root is None else root[1],
         known,
