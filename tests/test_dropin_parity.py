@@ -6,9 +6,10 @@ One process plays rank 3 of a 16-rank fake world and calls both on every input:
   ``ValueError`` or ``TypeError``, the drop-in's error is an instance of that class
   (fmesh's own, with a clearer message); never a raw internal error.
 - **What torch accepts**: odd dim names (``""``, ints, ``None``, a str's letters),
-  numpy-free integer types, ``_flatten``/``_unflatten`` with non-str names and the
-  private ``_rank=`` keyword give the drop-in's meshes the same answers as torch's,
-  ``group_desc`` (``mesh_<dim>``, what torch's flight recorder and logs show) included.
+  ``_flatten``/``_unflatten`` with non-str names and the private ``_rank=`` keyword
+  give the drop-in's meshes the same answers as torch's, ``group_desc``
+  (``mesh_<dim>``, what torch's flight recorder and logs show) included. numpy
+  integer sizes, which torch refuses, are taken as ints.
 
 The fmesh memo is reset between cases, so each case's groups are made by that case
 (the memo shares one group between meshes, and a shared group keeps the description
@@ -182,7 +183,10 @@ def parity_job(_: int, __: int) -> dict[str, Any]:
             _outcome(functools.partial(_made, make, init, DeviceMesh)) for init in inits
         )
         fmesh.destroy()
-    return {"errors": errors, "accepted": accepted}
+    numpy = __import__("numpy")
+    sizes = (numpy.int64(4), numpy.int32(4))
+    numpy_ints = (_facts(init_device_mesh("cpu", sizes)), _facts(torch_init("cpu", (4, 4))))
+    return {"errors": errors, "accepted": accepted, "numpy_ints": numpy_ints}
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +230,8 @@ def test_group_desc_is_torchs(parity: dict[str, Any]) -> None:
     assert accepted["flatten int name"][1]["group_desc"] == ["mesh_1"]
     assert accepted["unflatten empty name"][1]["group_desc"] == ["mesh_", "mesh_b", "mesh_tp"]
     assert accepted["_rank root"][1]["coordinate"] == (2, 1)  # rank 9's, not rank 3's
+
+
+def test_numpy_integer_sizes_are_ints(parity: dict[str, Any]) -> None:
+    ours, torchs_of_ints = parity["numpy_ints"]
+    assert ours == torchs_of_ints
