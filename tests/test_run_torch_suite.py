@@ -64,8 +64,8 @@ def test_a_test_lost_with_the_drop_in_fails_the_run(tmp_path: Path) -> None:
         proc = _run(str(path), "--logs", str(logs))
         assert proc.returncode == 1, proc.stdout + proc.stderr
         lines = proc.stdout.splitlines()
-        assert "plain torch: 2 passed, 1 failed, 0 skipped" in lines, proc.stdout
-        assert "fmesh drop-in: 1 passed, 2 failed, 0 skipped" in lines, proc.stdout
+        assert "plain torch: 2 passed, 1 failed" in lines, proc.stdout
+        assert "fmesh drop-in: 1 passed, 2 failed" in lines, proc.stdout
         assert "fails on plain torch too: test_fails_everywhere (FAILED)" in lines
         assert "passes on plain torch only: test_only_torchs (FAILED)" in lines
         assert sorted(p.name for p in logs.iterdir()) == [
@@ -76,7 +76,7 @@ def test_a_test_lost_with_the_drop_in_fails_the_run(tmp_path: Path) -> None:
         proc = _run(str(path), "--dropin-only", "-k", "not everywhere")
         assert proc.returncode == 1, proc.stdout + proc.stderr
         lines = proc.stdout.splitlines()
-        assert "fmesh drop-in: 1 passed, 1 failed, 0 skipped" in lines, proc.stdout
+        assert "fmesh drop-in: 1 passed, 1 failed" in lines, proc.stdout
         assert "fails with the drop-in: test_only_torchs (FAILED)" in lines
         assert "plain torch" not in proc.stdout
     finally:
