@@ -15,6 +15,7 @@ call is a memo hit. Where torch raises ``RuntimeError``, it raises
 """
 
 from ._core.errors import DeviceMeshError as DeviceMeshError
+from ._core.errors import DeviceMeshTypeError as DeviceMeshTypeError
 from ._torch.dropin import init_device_mesh as init_device_mesh
 
-__all__ = ["DeviceMeshError", "init_device_mesh"]
+__all__ = ["DeviceMeshError", "DeviceMeshTypeError", "init_device_mesh"]

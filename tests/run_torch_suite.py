@@ -2,21 +2,29 @@
 
 Usage (torch's test file is not part of fmesh; keep it outside the repository)::
 
-    python tests/run_torch_suite.py /path/to/test/distributed/test_device_mesh.py
+    python tests/run_torch_suite.py ../shared/conformance/torch_test_device_mesh.py
+    python tests/run_torch_suite.py FILE -k "flatten or unflatten"   # a subset
+    python tests/run_torch_suite.py FILE --dropin-only -k test_flatten_mesh_3d
 
-It writes ``<name>_dropin.py`` next to the given file -- the same file with one line
-added after torch's import, ``from fmesh.device_mesh import init_device_mesh``, so
-every test (and every rank it spawns) calls fmesh's -- runs both with pytest (needs
-``expecttest``), and prints the pass counts and every test that passes on plain torch
-but not with the drop-in. Exit status 1 if there is one.
+It copies the given file into a fresh temporary folder (the original may be
+read-only) together with ``<name>_dropin.py`` -- the same file with one line added
+after torch's import, ``from fmesh.device_mesh import init_device_mesh``, so every
+test (and every rank it spawns) calls fmesh's -- runs both with pytest (needs
+``expecttest``; ``-k`` is pytest's), and prints the pass counts and every test that
+passes on plain torch but not with the drop-in. Exit status 1 if there is one.
+``--dropin-only`` runs the drop-in copy alone and fails on any test that does not
+pass or skip. The pytest logs stay in the temporary folder (``--logs`` names another).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,13 +34,16 @@ ANCHOR = (
 DROPIN = "from fmesh.device_mesh import init_device_mesh  # the drop-in\n"
 
 
-def dropin_copy(path: Path) -> Path:
+def copies(path: Path, folder: Path) -> tuple[Path, Path]:
+    """Torch's file and its drop-in copy, written into ``folder``."""
     text = path.read_text()
     if ANCHOR not in text:
         raise SystemExit(f"{path}: torch's init_device_mesh import not found ({ANCHOR!r})")
-    out = path.with_name(path.stem + "_dropin.py")
-    out.write_text(text.replace(ANCHOR, ANCHOR + DROPIN))
-    return out
+    plain = folder / path.name
+    plain.write_text(text)
+    dropin = folder / (path.stem + "_dropin.py")
+    dropin.write_text(text.replace(ANCHOR, ANCHOR + DROPIN))
+    return plain, dropin
 
 
 def outcomes(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> dict[str, str]:
@@ -55,33 +66,61 @@ def outcomes(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> dict
     return found
 
 
-def run(path: Path) -> dict[str, str]:
-    """Each test's outcome in torch's test file ``path``, fmesh on the import path."""
+def run(path: Path, select: str | None = None, logs: Path | None = None) -> dict[str, str]:
+    """Each test's outcome in torch's test file ``path`` (those matching ``-k select``),
+    fmesh on the import path; the log is ``<logs>/<name>.log``."""
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
-    return outcomes([path.name], path.parent, env, path.parent / f"{path.stem}.log")
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")  # the file runs on CPU with gloo
+    args = [path.name] + ([] if select is None else ["-k", select])
+    log = (logs or path.parent) / f"{path.stem}.log"
+    return outcomes(args, path.parent, env, log)
+
+
+def _counts(name: str, results: dict[str, str]) -> str:
+    # pytest's -rA lines name skipped tests by file and line only: not counted here.
+    n = {k: sum(v == k for v in results.values()) for k in ("PASSED", "FAILED", "ERROR")}
+    return f"{name}: {n['PASSED']} passed, {n['FAILED'] + n['ERROR']} failed"
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print(__doc__)
-        return 2
-    plain_file = Path(argv[0]).resolve()
-    plain = run(plain_file)
-    dropin = run(dropin_copy(plain_file))
+    parser = argparse.ArgumentParser(
+        description="torch's DeviceMesh tests, plain and with fmesh's init_device_mesh"
+    )
+    parser.add_argument("file", type=Path, help="torch's test_device_mesh.py")
+    parser.add_argument("-k", dest="select", help="only tests matching (pytest's -k)")
+    parser.add_argument("--dropin-only", action="store_true", help="run the drop-in copy only")
+    parser.add_argument("--logs", type=Path, help="folder for the pytest logs")
+    args = parser.parse_args(argv)
+    folder = Path(tempfile.mkdtemp(prefix="fmesh_torch_suite_"))
+    logs = args.logs.resolve() if args.logs else folder
+    logs.mkdir(parents=True, exist_ok=True)
+    try:
+        plain_file, dropin_file = copies(args.file.resolve(), folder)
+        dropin = run(dropin_file, args.select, logs)
+        plain = {} if args.dropin_only else run(plain_file, args.select, logs)
+    finally:
+        if args.logs:
+            shutil.rmtree(folder, ignore_errors=True)
+    print(f"logs: {logs}")
+    if args.dropin_only:
+        print(_counts("fmesh drop-in", dropin))
+        bad = sorted(t for t, r in dropin.items() if r in ("FAILED", "ERROR"))
+        for test in bad:
+            print(f"fails with the drop-in: {test} ({dropin[test]})")
+        if not dropin:
+            print(f"no test ran: see {dropin_file.stem}.log")
+        return 1 if bad or not dropin else 0
     for name, results in (("plain torch", plain), ("fmesh drop-in", dropin)):
-        counts = {
-            k: sum(v == k for v in results.values()) for k in ("PASSED", "FAILED", "ERROR")
-        }
-        print(
-            f"{name}: {counts['PASSED']} passed, {counts['FAILED'] + counts['ERROR']} failed"
-        )
+        print(_counts(name, results))
     if not any(r == "PASSED" for r in plain.values()):
         # A file that does not load (e.g. one written for another torch) runs nothing:
         # that is no evidence, so it must not read as a pass.
         print(f"no test passed on plain torch: see {plain_file.stem}.log")
         return 1
+    for test in sorted(t for t, r in plain.items() if r in ("FAILED", "ERROR")):
+        print(f"fails on plain torch too: {test} ({plain[test]})")
     lost = sorted(t for t, r in plain.items() if r == "PASSED" and dropin.get(t) != "PASSED")
     for test in lost:
         print(f"passes on plain torch only: {test} ({dropin.get(test, 'not run')})")

@@ -184,12 +184,12 @@ def _fast_init(dm: Any, space: Space, device_type: str, kwargs: dict[str, Any]) 
     if dist.get_backend() == "threaded" or _torchcomms():
         return False
     axes = layout_axes(layout)
-    known, coordinate = space.coordinate(axes)
+    rank = kwargs.get("_rank")
+    known, coordinate = space.coordinate(axes, rank)
     if not known:
         return False
     names = kwargs.get("mesh_dim_names")
     root = kwargs.get("_root_mesh")
-    rank = kwargs.get("_rank")
     fields: dict[str, Any] = dict(
         _device_type=device_type,
         _layout=layout,

@@ -124,7 +124,7 @@ def make_device_mesh(
     device_type: str,
     axes: Sequence[Modes],
     rank_map: torch.Tensor,
-    names: tuple[str, ...] | None,
+    names: tuple[Any, ...] | None,
     groups: Sequence[GroupSpec] | None,
     root: DeviceMesh | None,
     known: Known | None = None,

@@ -41,9 +41,12 @@ class Space(Protocol):
         """The rank map as a tuple (torch's ``_flatten_rank_map``), one object shared
         by every DeviceMesh over it."""
 
-    def coordinate(self, axes: Sequence[Modes]) -> tuple[bool, tuple[int, ...] | None]:
-        """(known, this rank's coordinate) in a mesh of ``axes``; known is False where
-        fmesh leaves the answer to torch (an invalid layout, or torch's own error)."""
+    def coordinate(
+        self, axes: Sequence[Modes], rank: int | None = None
+    ) -> tuple[bool, tuple[int, ...] | None]:
+        """(known, the coordinate of ``rank``, by default this process's) in a mesh of
+        ``axes``; known is False where fmesh leaves the answer to torch (an invalid
+        layout, or torch's own error)."""
 
     def groups(
         self, axes: Sequence[Modes], names: Sequence[str] | None, configs: BackendConfigs

@@ -5,7 +5,9 @@ Every error fmesh raises for bad input derives from ``MeshError``, which is a
 ``KeyError`` so ``except KeyError`` code written for dict-like lookups keeps working.
 Wrong argument types raise plain ``TypeError``. Where torch's ``init_device_mesh``
 raises ``RuntimeError``, ``fmesh.device_mesh.init_device_mesh`` raises
-``DeviceMeshError``, which is also a ``RuntimeError``.
+``DeviceMeshError``, which is also a ``RuntimeError``; where torch raises
+``ValueError`` for a ``mesh_shape`` of the wrong type, ``DeviceMeshTypeError``,
+also a ``TypeError``.
 
 Each class names the path users import it from in ``__module__`` (``fmesh.MeshError``,
 ``fmesh.device_mesh.DeviceMeshError``): tracebacks and reprs show that path, and pickle
@@ -19,6 +21,7 @@ from typing import final
 __all__ = [
     "AxisNotFoundError",
     "DeviceMeshError",
+    "DeviceMeshTypeError",
     "LaunchError",
     "MeshError",
     "MeshMismatchError",
@@ -66,9 +69,11 @@ class PeerLostError(MeshMismatchError, RuntimeError):
     (before its groups were all made); raised on every surviving rank of the call.
 
     ``lost`` holds the lost ranks, ascending. The call made no group on any survivor:
-    call :func:`fmesh.recover` and carry on without the lost ranks. Also a
+    call ``fmesh.recover`` and carry on without the lost ranks. Also a
     ``RuntimeError``, the class of torch's own store and connection errors.
     """
+
+    __module__ = "fmesh"
 
     def __init__(self, message: str, lost: tuple[int, ...] = ()) -> None:
         super().__init__(message)
@@ -92,5 +97,15 @@ class DeviceMeshError(MeshError, RuntimeError):
     a device type with an index, a bad ``backend_override``, a mesh larger than the
     world). Also a ``RuntimeError``, so ``except RuntimeError`` code written for torch
     keeps working."""
+
+    __module__ = "fmesh.device_mesh"
+
+
+@final
+class DeviceMeshTypeError(MeshError, TypeError):
+    """``fmesh.device_mesh.init_device_mesh`` was given a ``mesh_shape`` entry that is
+    not an int (a float, a str, a bool), where torch raises ``ValueError``. A
+    ``MeshError`` (so a ``ValueError``) and a ``TypeError``: ``except`` clauses written
+    for torch, or for a wrong argument type, catch it."""
 
     __module__ = "fmesh.device_mesh"

@@ -7,10 +7,12 @@ holds the process lock while waiting on peers.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime
 import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, final
 
 import attrs
@@ -29,9 +31,31 @@ if TYPE_CHECKING:
 
     from .._compat import Store
 
-__all__ = ["AxisRequest", "World", "create", "serves"]
+__all__ = ["AxisRequest", "World", "create", "describing_groups", "serves"]
 
 logger = logging.getLogger("fmesh")
+
+_describe: contextvars.ContextVar[Callable[[str], str] | None] = contextvars.ContextVar(
+    "fmesh_group_desc", default=None
+)
+
+
+@contextlib.contextmanager
+def describing_groups(describe: Callable[[str], str]) -> Iterator[None]:
+    """Groups created inside (in this thread) get ``describe(axis name)`` as their
+    ``group_desc``, instead of ``fmesh:<axis>``: the caller's own naming (the DeviceMesh
+    interop passes torch's ``mesh_<dim>``). A group the memo already holds keeps the
+    description of the call that created it."""
+    token = _describe.set(describe)
+    try:
+        yield
+    finally:
+        _describe.reset(token)
+
+
+def _desc(axis: str) -> str:
+    describe = _describe.get()
+    return f"fmesh:{axis}" if describe is None else describe(axis)
 
 
 @final
@@ -153,7 +177,7 @@ def create(
                 pg = None
         if pg is not None:
             return pg, 0
-    desc = f"fmesh:{request.name}"
+    desc = _desc(request.name)
     wait = timeout if timeout is not None else default_timeout(backend)
     if world_collective:
         pg = _split(request, world, backend, options, options_id, timeout, wait, desc)

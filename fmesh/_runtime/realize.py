@@ -90,7 +90,7 @@ def realize(
         PeerLostError: a rank died after every rank agreed on the call, before its
             groups were all made; every surviving rank raises it within seconds
             (about half of ``timeout`` when that is shorter than 16 s), keeping no
-            group of the call. Call :func:`fmesh.recover` to carry on without it.
+            group of the call. Call ``fmesh.recover`` to carry on without it.
         LaunchError: no process group and no usable torchrun environment.
         MeshError: the mesh needs ranks the world does not have; an unknown backend;
             a non-positive timeout.

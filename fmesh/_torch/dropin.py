@@ -9,17 +9,19 @@ from __future__ import annotations
 import datetime
 import functools
 import math
+import operator
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from .._core.errors import DeviceMeshError, MeshError
+from .._core.errors import DeviceMeshError, DeviceMeshTypeError, MeshError
 from .._core.mesh import Mesh, make_mesh
 from .._runtime.checks import check_device_type, check_timeout
+from .._runtime.groups import describing_groups
 from .._runtime.launch import ensure_default_group
 from .._runtime.realize import realize
 from .interop import new_root
-from .routing import realizing_torch_roots
+from .routing import axis_names, group_descs, realizing_torch_roots
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -93,12 +95,19 @@ def init_device_mesh(
     True
     >>> fmesh.destroy(); dist.destroy_process_group()
     """
-    names = _check_names(mesh_shape, mesh_dim_names)
+    shape = _check_shape(mesh_shape)
+    torch_names = _check_names(shape, mesh_dim_names)
+    # fmesh's axis names: torch's where they are valid fmesh names (see axis_names).
+    names = (
+        tuple(f"dim{i}" for i in range(len(shape)))
+        if torch_names is None
+        else axis_names(torch_names, len(shape))
+    )
     timeout = check_timeout(timeout, "init_device_mesh")
     overrides = (
         None
         if backend_override is None
-        else _normalize_backend_override(backend_override, len(names), mesh_dim_names)
+        else _normalize_backend_override(backend_override, len(names), torch_names)
     )
     if not isinstance(device_type, str):
         raise TypeError(f"init_device_mesh() device_type must be a str, got {device_type!r}")
@@ -108,6 +117,7 @@ def init_device_mesh(
             "the type alone, e.g. 'cuda' (torch.device(...).type); each rank uses its "
             "current device"
         )
+    shape = _check_sizes(shape)
 
     import torch.distributed as dist
 
@@ -119,22 +129,23 @@ def init_device_mesh(
                 "init_device_mesh(timeout=...) is fmesh's and needs fmesh's groups, "
                 "which a threaded world does not use; drop timeout= there"
             )
-        return _torch_init_device_mesh(device_type, mesh_shape, mesh_dim_names, overrides)
+        return _torch_init_device_mesh(device_type, shape, torch_names, overrides)
     world = dist.get_world_size()
-    size = math.prod(mesh_shape)
+    size = math.prod(shape)
     if size > world:
         raise DeviceMeshError(
             f"Mesh should not be bigger than default world size {world}, but found "
-            f"{size} ranks (mesh_shape={tuple(mesh_shape)}); launch more processes or "
-            "give a smaller mesh_shape"
+            f"{size} ranks (mesh_shape={shape}); launch more processes or give a "
+            "smaller mesh_shape"
         )
-    try:
-        device_type = check_device_type(device_type, "init_device_mesh")
-    except MeshError as err:
-        raise DeviceMeshError(str(err)) from None
+    if device_type:  # torch accepts "" (no device to set up)
+        try:
+            device_type = check_device_type(device_type, "init_device_mesh")
+        except MeshError as err:
+            raise DeviceMeshError(str(err)) from None
     _set_device(device_type)
 
-    mesh = _mesh(tuple(mesh_shape), names)
+    mesh = _mesh(shape, names)
     backend: dict[str, str] = {}
     options: dict[str, BackendOptions] = {}
     for name, (b, o) in zip(names, overrides or ()):
@@ -142,7 +153,8 @@ def init_device_mesh(
             backend[name] = b
         if o is not None:
             options[name] = o
-    with realizing_torch_roots():
+    descs = dict(zip(names, group_descs(torch_names, len(names))))
+    with realizing_torch_roots(), describing_groups(descs.__getitem__):
         realized = realize(
             mesh, backend=backend or None, options=options or None, timeout=timeout
         )
@@ -150,8 +162,9 @@ def init_device_mesh(
         realized.mesh,
         realized.groups,
         device_type,
-        unnamed=mesh_dim_names is None,
+        unnamed=torch_names is None,
         timeout=timeout,
+        names=None if torch_names == names else torch_names,
     )
 
 
@@ -162,33 +175,68 @@ def _mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
     return make_mesh(shape, names)
 
 
-def _check_names(
-    mesh_shape: Sequence[int], mesh_dim_names: Sequence[str] | None
-) -> tuple[str, ...]:
-    """The axis names of the fmesh mesh: the given ones, or ``dim0``, ``dim1``, ...
-    (the names ``fmesh.from_device_mesh`` gives unnamed dims) for an unnamed one."""
-    if isinstance(mesh_shape, int) or not isinstance(mesh_shape, Sequence):
+def _check_shape(mesh_shape: object) -> tuple[Any, ...]:
+    """``mesh_shape`` as a tuple (its entries are checked by ``_check_sizes``)."""
+    if isinstance(mesh_shape, int | str | bytes) or not isinstance(mesh_shape, Iterable):
         raise TypeError(
-            f"init_device_mesh() mesh_shape must be a tuple of ints, got {mesh_shape!r}"
+            f"init_device_mesh() mesh_shape must be a tuple of ints, got {mesh_shape!r}; "
+            "e.g. mesh_shape=(2, 4)"
         )
+    return tuple(mesh_shape)
+
+
+def _check_sizes(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    """``shape`` as ints, each >= 1, as torch requires (integers of numpy and other libraries
+    accepted, bools not): where torch raises ``ValueError`` for a wrong type and
+    ``RuntimeError`` for a negative size, ``DeviceMeshTypeError`` and
+    ``DeviceMeshError`` are instances of those."""
+    for i, size in enumerate(shape):
+        if isinstance(size, bool) or not hasattr(type(size), "__index__"):
+            raise DeviceMeshTypeError(
+                f"init_device_mesh() mesh_shape must be a tuple of ints, got {size!r} of "
+                f"type {type(size).__name__} at index {i} of {shape!r}"
+            )
+        if operator.index(size) < 1:
+            raise DeviceMeshError(
+                f"init_device_mesh() mesh_shape sizes must be >= 1, got {size} at index "
+                f"{i} of {shape!r}"
+            )
+    return tuple(operator.index(size) for size in shape)
+
+
+def _check_names(shape: tuple[Any, ...], mesh_dim_names: object) -> tuple[Any, ...] | None:
+    """torch's dim names as a tuple (``None`` for an unnamed mesh), checked as torch
+    checks them: unique, one per dim. torch accepts any hashable names (``""``, ints,
+    the letters of a str); so does the drop-in."""
     if mesh_dim_names is None:
-        return tuple(f"dim{i}" for i in range(len(mesh_shape)))
-    if isinstance(mesh_dim_names, str):
+        return None
+    if not isinstance(mesh_dim_names, Iterable):
         raise TypeError(
             f"init_device_mesh() mesh_dim_names must be a tuple of str, got "
-            f"{mesh_dim_names!r}; e.g. mesh_dim_names=({mesh_dim_names!r},)"
+            f"{mesh_dim_names!r}; e.g. mesh_dim_names=('dp', 'tp')"
         )
     names = tuple(mesh_dim_names)
-    if len(set(names)) != len(names):
+    try:
+        unique = len(set(names)) == len(names)
+    except TypeError:
+        raise TypeError(
+            f"init_device_mesh() mesh_dim_names must be hashable (str), got {names!r}"
+        ) from None
+    if not unique:
         raise DeviceMeshError(
             "Each mesh_dim_name must be unique. Found repeated mesh_dim_name in "
             f"mesh_dim_names {names}"
         )
-    if len(mesh_shape) != len(names):
+    if len(shape) != len(names):
+        hint = (
+            f"; a str is a sequence of letters: for one dim pass ({mesh_dim_names!r},)"
+            if isinstance(mesh_dim_names, str)
+            else ""
+        )
         raise DeviceMeshError(
             "mesh_shape and mesh_dim_names should have same length! Found "
-            f"len(mesh_dim_names): {len(names)} and len(mesh_shape): {len(mesh_shape)} "
-            f"(mesh_shape={tuple(mesh_shape)}, mesh_dim_names={names})"
+            f"len(mesh_dim_names): {len(names)} and len(mesh_shape): {len(shape)} "
+            f"(mesh_shape={shape}, mesh_dim_names={names}){hint}"
         )
     return names
 

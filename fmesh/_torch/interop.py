@@ -259,18 +259,21 @@ def new_root(
     *,
     unnamed: bool,
     timeout: datetime.timedelta | None = None,
+    names: tuple[Any, ...] | None = None,
 ) -> DeviceMesh:
     """A new root DeviceMesh of ``mesh`` (one instance, realized on this rank with
     ``groups``), as every call of torch's ``init_device_mesh`` makes one: the roots
     of one rank space share its rank map and fmesh's groups, not their flattens.
     Roots with a ``timeout`` share a rank map of their own: the groups torch's
-    methods make under them get it."""
+    methods make under them get it. ``names``: the DeviceMesh's dim names where they
+    are not ``mesh``'s axis names (torch accepts any names, ``""`` and non-str
+    included)."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
     coordinate = coordinate_of(mesh, rank)
     dim_groups = _groups(mesh, coordinate, groups)
-    root, dm = _make(mesh, device_type, rank, None, unnamed, dim_groups, timeout)
+    root, dm = _make(mesh, device_type, rank, None, unnamed, dim_groups, timeout, names)
     wk = world_key(mesh)
     with state.lock:
         _live(state.roots.setdefault((wk, device_type, unnamed), [])).append(root)
@@ -286,8 +289,10 @@ def _make(
     unnamed: bool,
     dim_groups: Sequence[tuple[str, Any]] | None,
     timeout: datetime.timedelta | None = None,
+    names: tuple[Any, ...] | None = None,
 ) -> tuple[Root, DeviceMesh]:
-    """The DeviceMesh of ``mesh`` (a root when ``root`` is None), with its facts."""
+    """The DeviceMesh of ``mesh`` (a root when ``root`` is None), with its facts;
+    its dim names are ``names`` if given, else ``mesh``'s axis names."""
     space = space_for(mesh, timeout) if root is None else root[0].space
     coord = coordinate_of(mesh, rank)
     # torch's own search fails off a mesh with several instances: keep its answer.
@@ -296,7 +301,7 @@ def _make(
         device_type,
         _dims(mesh),
         space.tensor,
-        None if unnamed else mesh.axis_names,
+        None if unnamed else (mesh.axis_names if names is None else names),
         dim_groups,
         None if root is None else root[1],
         known,

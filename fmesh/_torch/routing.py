@@ -28,13 +28,21 @@ from .._core.mesh import Mesh
 from .._core.queries import coordinate as coordinate_of
 from .._core.queries import index_of
 from .._runtime.bounded import bound
+from .._runtime.groups import describing_groups
 from .._runtime.hooks import on_loss, on_reset
 from .._runtime.memo import WorldKey, world_key
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TorchSpace", "realizing_torch_roots", "space_for", "torch_roots"]
+__all__ = [
+    "TorchSpace",
+    "axis_names",
+    "group_descs",
+    "realizing_torch_roots",
+    "space_for",
+    "torch_roots",
+]
 
 _lock = threading.Lock()
 _spaces: dict[tuple[WorldKey, datetime.timedelta | None], TorchSpace] = {}
@@ -93,10 +101,11 @@ class TorchSpace:
     def flat(self) -> tuple[int, ...]:
         return self._flat
 
-    def mesh(self, axes: Sequence[Modes], names: Sequence[str] | None = None) -> Mesh | None:
+    def mesh(self, axes: Sequence[Modes], names: Sequence[Any] | None = None) -> Mesh | None:
         """The fmesh mesh of ``axes`` over this space, its dims named as torch names
-        them (``dim_0``, ... without names); ``None`` where it is not a valid mesh."""
-        named = tuple(names) if names else tuple(f"dim_{i}" for i in range(len(axes)))
+        them (``dim_0``, ... without names, or where torch's names are no fmesh axis
+        names: empty, not str, repeated); ``None`` where it is not a valid mesh."""
+        named = axis_names(names, len(axes))
         key = (tuple(axes), named)
         with _lock:
             if key in self._meshes:
@@ -113,13 +122,20 @@ class TorchSpace:
             bound(self._meshes)
         return made
 
-    def coordinate(self, axes: Sequence[Modes]) -> tuple[bool, tuple[int, ...] | None]:
+    def coordinate(
+        self, axes: Sequence[Modes], rank: int | None = None
+    ) -> tuple[bool, tuple[int, ...] | None]:
         import torch.distributed as dist
 
         mesh = self.mesh(axes)
         if mesh is None:
             return False, None
-        where = coordinate_of(mesh, dist.get_rank())
+        me = dist.get_rank()
+        if rank is not None and rank != me and mesh.num_instances != 1:
+            # torch looks ``rank`` up in the instance that holds this process's rank:
+            # leave that (rare, private ``_rank=``) case to torch's own search.
+            return False, None
+        where = coordinate_of(mesh, me if rank is None else rank)
         # Off a mesh with several instances torch raises in __init__: keep its error.
         return (where is not None or mesh.num_instances == 1), where
 
@@ -149,18 +165,35 @@ class TorchSpace:
         from .._runtime.realize import realize
 
         mesh = self.mesh(axes, names)
-        if mesh is None or len(configs) != mesh.ndim:
+        if mesh is None or len(configs) != mesh.ndim or (names and len(names) != mesh.ndim):
             return None  # torch raises its own error
         named = mesh.axis_names
         backend = {n: b for n, (b, _) in zip(named, configs) if b is not None}
         options = {n: o for n, (_, o) in zip(named, configs) if o is not None}
-        with realizing_torch_roots():
+        descs = dict(zip(named, group_descs(names, len(named))))
+        with realizing_torch_roots(), describing_groups(descs.__getitem__):
             realized = realize(
                 mesh, backend=backend or None, options=options or None, timeout=self.timeout
             )
         if realized.coordinate is None:
             return []
         return [(pg.group_name, pg) for pg in (realized.groups[n] for n in named)]
+
+
+def axis_names(names: Sequence[Any] | None, ndim: int) -> tuple[str, ...]:
+    """fmesh axis names for torch's dim names: torch's own where every one is a
+    non-empty, unique str, else ``dim_0``, ``dim_1``, ... (torch accepts any names)."""
+    if names and len(names) == ndim:
+        given = tuple(names)
+        if all(isinstance(n, str) and n for n in given) and len(set(given)) == ndim:
+            return given
+    return tuple(f"dim_{i}" for i in range(ndim))
+
+
+def group_descs(names: Sequence[Any] | None, ndim: int) -> list[str]:
+    """The ``group_desc`` torch's ``DeviceMesh._init_process_groups`` gives each dim's
+    groups: ``mesh_<name>``, or ``mesh_dim_<i>`` for a mesh without names."""
+    return [f"mesh_{names[i] if names else f'dim_{i}'}" for i in range(ndim)]
 
 
 def space_for(mesh: Mesh, timeout: datetime.timedelta | None = None) -> TorchSpace:
