@@ -38,6 +38,7 @@ SHOWN_AS_PUBLIC = {
     "LaunchError",
     "MeshError",
     "MeshMismatchError",
+    "PeerLostError",
     "UnrepresentableSplitError",
 }
 
@@ -108,16 +109,21 @@ def test_modules_other_than_the_package_are_private() -> None:
 def test_the_public_submodule_is_only_re_exports() -> None:
     import fmesh.device_mesh as dm
 
-    assert dm.__all__ == sorted(dm.__all__) == ["DeviceMeshError", "init_device_mesh"]
+    assert dm.__all__ == sorted(dm.__all__)
+    assert dm.__all__ == ["DeviceMeshError", "DeviceMeshTypeError", "init_device_mesh"]
     public = {n for n in vars(dm) if not n.startswith("_")}
     assert public == set(dm.__all__)
     assert dm.init_device_mesh.__module__.startswith("fmesh._")
     assert dm.init_device_mesh.__name__ == "init_device_mesh"
-    error = dm.DeviceMeshError
-    assert error.__module__ == "fmesh.device_mesh" and error.__name__ == "DeviceMeshError"
-    assert getattr(error, "__final__", False) is True
-    # torch's exception type where torch raises, and fmesh's.
-    assert issubclass(error, RuntimeError) and issubclass(error, fmesh.MeshError)
+    for name, torch_class in (
+        ("DeviceMeshError", RuntimeError),
+        ("DeviceMeshTypeError", TypeError),
+    ):
+        error = getattr(dm, name)
+        assert error.__module__ == "fmesh.device_mesh" and error.__name__ == name
+        assert getattr(error, "__final__", False) is True
+        # torch's exception type where torch raises, and fmesh's.
+        assert issubclass(error, torch_class) and issubclass(error, fmesh.MeshError)
 
 
 def test_peer_lost_error_is_a_mismatch_and_torchs_runtime_error() -> None:
