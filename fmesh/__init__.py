@@ -60,7 +60,7 @@ if _typing.TYPE_CHECKING:
     # looked up on first access (below), so `import fmesh` does not import torch.
     from ._compat import BackendOptions as BackendOptions
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 
 def __getattr__(name: str) -> object:

@@ -1,4 +1,9 @@
-"""A torch ``DeviceMesh`` as an fmesh value (``fmesh.from_device_mesh``)."""
+"""A torch ``DeviceMesh`` as an fmesh value (``fmesh.from_device_mesh``).
+
+``import fmesh`` imports this module, and this module imports the interop, which
+registers its DeviceMesh converter with the runtime (``RealizedMesh.to_device_mesh``)
+on import; neither imports torch until first used.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from .._compat.mesh import device_mesh_axes, device_mesh_rank_map
 from .._core.errors import MeshError
 from .._core.layout import Layout
 from .._core.mesh import Mesh
+from . import interop  # noqa: F401  (registers the DeviceMesh converter)
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
