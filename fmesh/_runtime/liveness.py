@@ -39,6 +39,9 @@ INTERVAL = 1.0
 """Seconds between two beats at default settings."""
 PATIENCE = 8.0
 """Seconds a beat may stand still before its rank is lost, at default settings."""
+FLOOR = 4.0
+"""The least patience a shorter ``timeout`` brings (a loaded machine can stall a
+process's threads for seconds)."""
 
 started = 0
 """Watches started in this process (tests: a memo hit starts none)."""
@@ -54,14 +57,18 @@ round trip, and when ranks connect at once one can stall for seconds."""
 
 def settings(timeout: datetime.timedelta | None) -> tuple[float, float]:
     """(interval, patience) in seconds: the defaults, shortened to fit a shorter
-    ``timeout`` (a loss is found within about half of it).
+    ``timeout``: half of it, but not under ``FLOOR`` seconds (or the whole timeout if
+    that is shorter), so that a rank stalled by a loaded machine is not taken for dead.
 
-    >>> settings(None), settings(datetime.timedelta(seconds=4))
-    ((1.0, 8.0), (0.5, 2.0))
+    >>> settings(None), settings(datetime.timedelta(seconds=3))
+    ((1.0, 8.0), (0.75, 3.0))
+    >>> settings(datetime.timedelta(seconds=10)), settings(datetime.timedelta(seconds=1))
+    ((1.0, 5.0), (0.25, 1.0))
     """
     patience = PATIENCE
     if timeout is not None:
-        patience = max(0.5, min(PATIENCE, timeout.total_seconds() / 2))
+        t = timeout.total_seconds()
+        patience = max(0.5, min(PATIENCE, max(t / 2, min(FLOOR, t))))
     return min(INTERVAL, patience / 4), patience
 
 

@@ -89,8 +89,8 @@ def realize(
             since the last agreement; a rank never arrived within the timeout.
         PeerLostError: a rank died after every rank agreed on the call, before its
             groups were all made; every surviving rank raises it within seconds
-            (about half of ``timeout`` when that is shorter than 16 s), keeping no
-            group of the call. Call ``fmesh.recover`` to carry on without it.
+            (about half of ``timeout``, at least 4 s, when that is shorter than
+            16 s), keeping no group of the call. Call ``fmesh.recover`` to carry on without it.
         LaunchError: no process group and no usable torchrun environment.
         MeshError: the mesh needs ranks the world does not have; an unknown backend;
             a non-positive timeout.
