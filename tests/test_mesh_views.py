@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from _dist import run_spawn
-from titan_recipe import count_new_group
+from titan_recipe import count_new_group, sgd_losses
 
 import fmesh
 
@@ -141,21 +141,6 @@ def _mlp() -> Any:
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
 
 
-def _train(model: Any, seed: int, steps: int = 3) -> list[float]:
-    import torch
-
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for step in range(steps):
-        torch.manual_seed(1000 + 10 * step + seed)
-        loss = model(torch.randn(4, 8)).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
 def _fsdp_steps(init: Any, new_groups: list[int]) -> dict[str, Any]:
     """FSDP2 with ``reshard_after_forward=2`` on a 4-rank mesh and on an HSDP mesh
     made by ``_unflatten``: losses, and torch ``new_group`` calls from sharding on."""
@@ -171,7 +156,7 @@ def _fsdp_steps(init: Any, new_groups: list[int]) -> dict[str, Any]:
         model = _mlp()
         fully_shard(model[0], mesh=mesh, reshard_after_forward=2)
         fully_shard(model, mesh=mesh, reshard_after_forward=2)
-        losses = _train(model, seed=dist.get_rank())
+        losses = sgd_losses(model, seed=dist.get_rank(), steps=3)
         out[name] = {"losses": losses, "new_group": new_groups[0]}
     return out
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from _dist import run_spawn
-from titan_recipe import CONFIG, OTHER, build, count_new_group
+from titan_recipe import CONFIG, OTHER, build, count_new_group, sgd_losses
 
 import fmesh
 
@@ -58,22 +58,6 @@ def _full(model: Any) -> dict[str, list[Any]]:
         name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().tolist()
         for name, p in model.named_parameters()
     }
-
-
-def _train(model: Any, seed: int, steps: int = 2) -> list[float]:
-    """A few SGD steps on inputs seeded by ``seed`` (equal where the inputs must be)."""
-    import torch
-
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for step in range(steps):
-        torch.manual_seed(1000 + 10 * step + seed)
-        loss = model(torch.randn(4, 8)).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
 
 
 def _outcome(fn: Callable[[], Any]) -> tuple[str, Any, str]:
@@ -158,7 +142,7 @@ def _steps(kind: str, init: Any, tmp: Path, new_groups: list[int]) -> dict[str, 
     parallelize_module(fsdp_tp, tp, _tp_plan())
     fully_shard(fsdp_tp, mesh=dp_shard, reshard_after_forward=True)
     out["fsdp_tp"] = {
-        "losses": _train(fsdp_tp, seed=dp_shard.get_local_rank()),
+        "losses": sgd_losses(fsdp_tp, seed=dp_shard.get_local_rank()),
         "params": _full(fsdp_tp),
         "local": {n: p.to_local().tolist() for n, p in fsdp_tp.named_parameters()},
     }
@@ -206,7 +190,7 @@ def _steps(kind: str, init: Any, tmp: Path, new_groups: list[int]) -> dict[str, 
     fully_shard(hsdp, mesh=hsdp_mesh)
     out["hsdp"] = {
         "mesh": hsdp_mesh.mesh.tolist(),
-        "losses": _train(hsdp, seed=int(torch.distributed.get_rank())),
+        "losses": sgd_losses(hsdp, seed=int(torch.distributed.get_rank())),
         "params": _full(hsdp),
     }
 
@@ -222,7 +206,7 @@ def _steps(kind: str, init: Any, tmp: Path, new_groups: list[int]) -> dict[str, 
     fully_shard(fsdp4, mesh=fsdp4_mesh, reshard_after_forward=True)
     out["fsdp_int"] = {
         "mesh": fsdp4_mesh.mesh.tolist(),
-        "losses": _train(fsdp4, seed=int(torch.distributed.get_rank())),
+        "losses": sgd_losses(fsdp4, seed=int(torch.distributed.get_rank())),
         "params": _full(fsdp4),
         "local": {n: p.to_local().tolist() for n, p in fsdp4.named_parameters()},
     }

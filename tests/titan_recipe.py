@@ -103,3 +103,19 @@ def count_new_group() -> list[int]:
     dist.new_group = distributed_c10d.new_group = counting
     cast(Any, device_mesh).new_group = counting
     return calls
+
+
+def sgd_losses(model: Any, seed: int, steps: int = 2) -> list[float]:
+    """A few SGD steps on inputs seeded by ``seed`` (equal where the inputs must be)."""
+    import torch
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        torch.manual_seed(1000 + 10 * step + seed)
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
