@@ -16,6 +16,7 @@ connection; see ``_compat/store_conn.py``). The protocol:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import logging
@@ -53,6 +54,14 @@ _pool: list[tuple[Store, Store, Callable[[], None] | None, Store]] = []
 reuses them, so it opens no connection of its own after the first. Kept across
 ``fmesh.destroy()`` (the default group and its store stay): a new connection costs a
 round trip, and when ranks connect at once one can stall for seconds."""
+
+
+@atexit.register
+def _drain() -> None:
+    """Close the pooled connections before the interpreter tears torch down (a store
+    client freed during that teardown can abort the process)."""
+    with _pool_lock:
+        _pool.clear()
 
 
 def settings(timeout: datetime.timedelta | None) -> tuple[float, float]:

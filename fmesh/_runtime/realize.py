@@ -211,7 +211,10 @@ def _realize_new(args: Arguments) -> RealizedMesh:
             if watch is not None:
                 from .._compat import default_timeout
 
-                watch.finish(timeout or default_timeout(world.backend))
+                # Every peer's creation of each group is bounded by the timeout, and a
+                # peer that fails or dies says so at once: wait for the slowest.
+                patience = timeout or default_timeout(world.backend)
+                watch.finish(patience * (len(call.requests) + 1))
     except BaseException as err:
         if watch is not None:
             if not isinstance(err, PeerLostError):
