@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import datetime
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -290,9 +291,19 @@ def _said(cause: object) -> str:
     return f" torch said: {first}" if first else ""
 
 
+def enabled() -> bool:
+    """Whether creating calls run a watch: opt-in with ``FMESH_PEER_WATCH=1`` (read at
+    each call) until its connections stop costing seconds at start-up (each rank opens
+    two store connections at its first creating call; when every rank connects at once
+    the store's accept queue stalls them, and 8 ranks on 2 CPUs then miss a 3 s
+    timeout)."""
+    return os.environ.get("FMESH_PEER_WATCH", "").strip().lower() in ("1", "true", "on", "yes")
+
+
 def start(ticket: Ticket | None, timeout: datetime.timedelta | None) -> Watch | None:
-    """A watch for a creating call (none without a ticket: nobody to wait for)."""
-    if ticket is None or len(ticket.ranks) <= 1:
+    """A watch for a creating call (none without a ticket: nobody to wait for; none
+    unless ``enabled()``)."""
+    if ticket is None or len(ticket.ranks) <= 1 or not enabled():
         return None
     conns = _take(ticket.store)
     return None if conns is None else Watch(ticket, timeout, conns)
