@@ -60,7 +60,8 @@ def _views(init: Any, new_groups: list[int]) -> dict[str, tuple[Any, int]]:
         new_groups[0] = 0
         out[name] = (DeviceMesh("cpu", t, mesh_dim_names=names), new_groups[0])
     new_groups[0] = 0
-    derived = out["renamed"][0]._unflatten("x", (2, 2), ("x0", "x1"))
+    # By index: torch 2.11's _unflatten refuses every str dim that it has.
+    derived = out["renamed"][0]._unflatten(0, (2, 2), ("x0", "x1"))
     out["derived"] = (derived, new_groups[0])
     return out
 
