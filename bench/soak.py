@@ -68,7 +68,6 @@ def _faults(spec: Json, what: str) -> None:
 
 def soak_worker(spec: Json) -> Json:
     """One rank: realize/destroy cycles, then drop-in builds; usage before and after."""
-    os.environ["FMESH_PEER_WATCH"] = "1"  # the watch is opt-in: soak it too
     import fmesh
     from fmesh.device_mesh import init_device_mesh
 

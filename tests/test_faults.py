@@ -248,8 +248,6 @@ def death_in_creation_job(
     """Every rank agrees on A; rank ``dead`` then exits as it starts creating a group."""
     from fmesh import _compat as _c10d
 
-    os.environ["FMESH_PEER_WATCH"] = "1"  # the watch is opt-in (fmesh/_runtime/liveness.py)
-
     _start(rank)
     if rank == dead:
 

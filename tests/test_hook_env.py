@@ -42,3 +42,15 @@ def test_install_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FMESH_TORCH_HOOK", "disabled")
     with pytest.raises(ValueError, match=r"FMESH_TORCH_HOOK='disabled' is not a switch"):
         install()
+
+
+def test_the_peer_watch_is_on_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fmesh._runtime import liveness
+
+    monkeypatch.delenv("FMESH_PEER_WATCH", raising=False)
+    assert liveness.enabled() is True
+    monkeypatch.setenv("FMESH_PEER_WATCH", "Off")
+    assert liveness.enabled() is False
+    monkeypatch.setenv("FMESH_PEER_WATCH", "sometimes")
+    with pytest.raises(ValueError, match=r"FMESH_PEER_WATCH='sometimes' is not a switch"):
+        liveness.enabled()

@@ -110,8 +110,6 @@ def loss_job(
     the call; on a survivor's error: check what is left, recover, carry on.
     ``patience`` shortens the default detection time (the drop-in has no timeout)."""
     import torch
-
-    os.environ["FMESH_PEER_WATCH"] = "1"  # the watch is opt-in (fmesh/_runtime/liveness.py)
     import torch.distributed as dist
 
     from fmesh._runtime.memo import state

@@ -3,8 +3,10 @@
 fmesh supports torch 2.11 through 2.15. The rest of the package calls these small typed
 functions and torch's public API only; ``tests/test_static.py`` fails if a private torch
 name appears outside this package. ``c10d.py``: process groups and stores;
-``store_conn.py``: a store connection another thread can break; ``dtensor.py``: DTensor
-placements; ``mesh.py``: DeviceMesh.
+``interruptible.py``: a store whose waits another thread can cancel (imported
+where used: it imports torch);
+``dtensor.py``: DTensor placements; ``mesh.py``: DeviceMesh; ``hook.py``: the routing of
+torch's DeviceMesh methods (and the environment switches).
 """
 
 from typing import TYPE_CHECKING
@@ -25,8 +27,6 @@ from .c10d import torch_version as torch_version
 from .dtensor import explicit_shard_order as explicit_shard_order
 from .dtensor import strided_shard as strided_shard
 from .dtensor import strided_shard_parts as strided_shard_parts
-from .store_conn import breakable_connection as breakable_connection
-from .store_conn import store_port as store_port
 
 if TYPE_CHECKING:
     from .c10d import BackendOptions as BackendOptions
@@ -36,7 +36,6 @@ __all__ = [
     "BackendOptions",
     "Store",
     "backend_options_type",
-    "breakable_connection",
     "debug_detail",
     "default_store",
     "default_timeout",
@@ -49,7 +48,6 @@ __all__ = [
     "new_named_group",
     "shrink_from",
     "split_from_world",
-    "store_port",
     "strided_shard",
     "strided_shard_parts",
     "torch_version",

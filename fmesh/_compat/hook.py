@@ -71,8 +71,8 @@ _HOOK_OFF = ("0", "false", "off", "no")
 _HOOK_ON = ("1", "true", "on", "yes")
 
 
-def hook_enabled(value: str | None) -> bool:
-    """``FMESH_TORCH_HOOK``'s value as a switch: unset or empty is on; the usual
+def switch(name: str, value: str | None, on_means: str, off_means: str) -> bool:
+    """An environment variable's value as a switch: unset or empty is on; the usual
     spellings of on and off in any case, spaces trimmed; anything else a ValueError
     (not a MeshError: _compat sits beside _core, and this is no mesh's fault)."""
     word = (value or "").strip().lower()
@@ -81,9 +81,18 @@ def hook_enabled(value: str | None) -> bool:
     if word in _HOOK_OFF:
         return False
     raise ValueError(
-        f"FMESH_TORCH_HOOK={value!r} is not a switch: {', '.join(_HOOK_OFF)} turn the "
-        f"routing of torch's DeviceMesh methods through fmesh off, {', '.join(_HOOK_ON)} "
-        "(or unset, the default) keep it on; any case"
+        f"{name}={value!r} is not a switch: {', '.join(_HOOK_OFF)} {off_means}, "
+        f"{', '.join(_HOOK_ON)} (or unset, the default) {on_means}; any case"
+    )
+
+
+def hook_enabled(value: str | None) -> bool:
+    """``FMESH_TORCH_HOOK``'s value as a switch (``switch``)."""
+    return switch(
+        "FMESH_TORCH_HOOK",
+        value,
+        "keep it on",
+        "turn the routing of torch's DeviceMesh methods through fmesh off",
     )
 
 

@@ -259,7 +259,9 @@ def _new_group(
         # a store client serializes its operations, so threads sharing one would
         # wait on each other.
         # The watch breaks it when a peer dies (liveness.py).
-        store = None if ticket is None else liveness.store_for_creation(default_store())
+        store = (
+            None if ticket is None else liveness.store_for_creation(default_store(), backend)
+        )
     try:
         return new_named_group(ranks, me, backend, options, timeout, name, desc, store)
     except Exception as err:  # a peer that never joins shows up as a store timeout

@@ -1,17 +1,20 @@
 """No rank waits for a dead peer while a realize call creates groups.
 
 From the agreement to the end of a creating call, every rank runs a *watch*: a daemon
-thread that beats (adds 1 to its own key every ``interval``) on its own store
-connection and reads the beats of the peers this rank waits for: the members of the
-group being created, then, at the call's closing barrier, its neighbours in rank order.
-A peer whose beat stands still for ``patience`` seconds is lost: its watcher publishes
-the verdict under the call's keys and breaks the connection the creation waits on, so
-the blocked torch call raises at once; every other rank's watch sees the verdict at its
-next beat and does the same. A slow peer keeps beating (the thread needs neither its
-main thread nor its GIL for long), so it is never declared lost. Memo hits run no
-watch; neither do stores other than a TCPStore (a watch must be able to break its
-connection; see ``_compat/store_conn.py``). The protocol:
-``docs/design/agreement-protocol.md``.
+thread that beats (adds 1 to its own key every ``interval``) and reads the beats of
+the peers this rank waits for: the members of the group being created, then, at the
+call's closing barrier, its neighbours in rank order. A peer whose beat stands still
+for ``patience`` seconds (twice that before its first beat, which the creation
+waits for up to one ``interval``) is lost: its watcher
+publishes the verdict under the call's keys and cancels the creation's waits
+(``_compat/interruptible.py``: they wait in slices on the calling thread's own
+connection, and stop at the next slice), so the blocked torch call raises; every other
+rank's watch sees the verdict at its next beat and does the same. A slow peer keeps
+beating (the thread needs neither its main thread nor its GIL for long), so it is
+never declared lost. The watch threads share one store connection, which the first
+watch of a process opens in its own thread: a creating call never waits for a
+connection. Memo hits run no watch. On by default; ``FMESH_PEER_WATCH=0`` turns it
+off. The protocol: ``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, cast
 
 from .._core.errors import MeshMismatchError, PeerLostError
@@ -49,20 +52,27 @@ started = 0
 """Watches started in this process (tests: a memo hit starts none)."""
 
 _local = threading.local()
-_pool_lock = threading.Lock()
-_pool: list[tuple[Store, Store, Callable[[], None] | None, Store]] = []
-"""Idle (store, creation connection, its breaker, beat connection): a creating call
-reuses them, so it opens no connection of its own after the first. Kept across
-``fmesh.destroy()`` (the default group and its store stay): a new connection costs a
-round trip, and when ranks connect at once one can stall for seconds."""
+_conn_lock = threading.Lock()
+_conn: list[tuple[Store, Store]] = []
+"""(default store, the watch threads' connection to it): opened by the first watch of
+the process, in its own thread (so the creation never waits for it), and shared by
+every later one; replaced when the default store changes."""
 
 
 @atexit.register
 def _drain() -> None:
-    """Close the pooled connections before the interpreter tears torch down (a store
+    """Close the watches' connection before the interpreter tears torch down (a store
     client freed during that teardown can abort the process)."""
-    with _pool_lock:
-        _pool.clear()
+    with _conn_lock:
+        _conn.clear()
+
+
+def _watch_connection(store: Store) -> Store:
+    """The watch threads' own connection to ``store`` (see ``_conn``)."""
+    with _conn_lock:
+        if not _conn or _conn[0][0] is not store:
+            _conn[:] = [(store, _agree.new_connection(store))]
+        return _conn[0][1]
 
 
 def settings(timeout: datetime.timedelta | None) -> tuple[float, float]:
@@ -82,30 +92,6 @@ def settings(timeout: datetime.timedelta | None) -> tuple[float, float]:
     return min(INTERVAL, patience / 4), patience
 
 
-def _take(store: Store) -> tuple[Store, Callable[[], None] | None, Store] | None:
-    """Pooled or new connections for a watch: (creation connection, its breaker, beat
-    connection); ``None`` where the default store is not a TCPStore (no watch)."""
-    from .._compat import breakable_connection, store_port
-
-    if store_port(store) is None:
-        return None
-    with _pool_lock:
-        _pool[:] = [entry for entry in _pool if entry[0] is store]
-        if _pool:
-            return _pool.pop()[1:]
-    made = None
-    for _ in range(3):  # another thread's new socket can hide ours: try again
-        made = breakable_connection(store)
-        if made is not None:
-            break
-    if made is None:
-        # Every rank must beat (its peers watch it); this rank's own creation then
-        # waits for torch's timeout, as without a watch.
-        logger.debug("fmesh: no breakable store connection; creation is not interruptible")
-        return _agree.new_connection(store), None, _agree.new_connection(store)
-    return made[0], made[1], _agree.new_connection(store)
-
-
 class Watch:
     """One creating call's watch on this rank (see the module docstring)."""
 
@@ -113,31 +99,44 @@ class Watch:
         self,
         ticket: Ticket,
         timeout: datetime.timedelta | None,
-        conns: tuple[Store, Callable[[], None] | None, Store],
     ) -> None:
         global started
         started += 1
         self.ticket = ticket
         self.p = ticket.prefix + "w/"
         self.interval, self.patience = settings(timeout)
-        self.store, self._breaker, self._beat_conn = conns
+        from .._compat.interruptible import InterruptibleStore
+
         self._broken = False
+        self.store = InterruptibleStore(
+            _agree.thread_store(ticket.store),
+            lambda: self._broken,
+            2 * self.interval,
+            "fmesh: this call was given up (a peer was lost or failed): waiting stopped",
+        )
+        """Where this call's creations wait: this thread's connection, waits sliced."""
         self._lock = threading.Lock()
         self._watching: tuple[int, ...] = ()
         self._stop = threading.Event()
+        self._beat = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"fmesh-watch-{ticket.rank}", daemon=True
         )
         self._thread.start()
+        # Beat once before creating: a peer then tells a rank that died in the call
+        # (beat stands still) from one still opening its connection (no beat yet).
+        self._beat.wait(self.interval)
 
     # -- the thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        conn, p, me = self._beat_conn, self.p, self.ticket.rank
+        p, me = self.p, self.ticket.rank
         seen: dict[int, tuple[int, float]] = {}
         try:
+            conn = _watch_connection(self.ticket.store)
             while True:
                 conn.add(f"{p}hb/{me}", 1)
+                self._beat.set()
                 if conn.check([p + "end"]):
                     if conn.get(p + "end") != b"ok":
                         self._break()
@@ -151,7 +150,8 @@ class Watch:
                     last = seen.get(r)
                     if last is None or last[0] != beat:
                         seen[r] = (beat, now)
-                    elif now - last[1] >= self.patience:
+                    elif now - last[1] >= self.patience * (1 if beat else 2):
+                        # A peer that never beat may still be opening its connection.
                         stale.append(r)
                 if stale:
                     self._declare(conn, stale)
@@ -175,8 +175,6 @@ class Watch:
     def _break(self) -> None:
         with self._lock:
             self._broken = True
-        if self._breaker is not None:
-            self._breaker()
 
     # -- the caller ---------------------------------------------------------------------
 
@@ -270,9 +268,6 @@ class Watch:
         """Stop the thread; the last rank of the call out deletes the call's keys."""
         self._stop.set()
         self._thread.join()
-        if not self._broken:
-            with _pool_lock:
-                _pool.append((self.ticket.store, self.store, self._breaker, self._beat_conn))
         t = self.ticket
         conn = _agree.thread_store(t.store)
         with contextlib.suppress(Exception):
@@ -292,12 +287,16 @@ def _said(cause: object) -> str:
 
 
 def enabled() -> bool:
-    """Whether creating calls run a watch: opt-in with ``FMESH_PEER_WATCH=1`` (read at
-    each call) until its connections stop costing seconds at start-up (each rank opens
-    two store connections at its first creating call; when every rank connects at once
-    the store's accept queue stalls them, and 8 ranks on 2 CPUs then miss a 3 s
-    timeout)."""
-    return os.environ.get("FMESH_PEER_WATCH", "").strip().lower() in ("1", "true", "on", "yes")
+    """Whether creating calls run a watch: on unless ``FMESH_PEER_WATCH`` is off (``0``,
+    ``false``, ``off``, ``no``; read at each call)."""
+    from .._compat.hook import switch
+
+    return switch(
+        "FMESH_PEER_WATCH",
+        os.environ.get("FMESH_PEER_WATCH"),
+        "keep it on",
+        "turn the watch for peers lost while groups are created off",
+    )
 
 
 def start(ticket: Ticket | None, timeout: datetime.timedelta | None) -> Watch | None:
@@ -305,8 +304,7 @@ def start(ticket: Ticket | None, timeout: datetime.timedelta | None) -> Watch | 
     unless ``enabled()``)."""
     if ticket is None or len(ticket.ranks) <= 1 or not enabled():
         return None
-    conns = _take(ticket.store)
-    return None if conns is None else Watch(ticket, timeout, conns)
+    return Watch(ticket, timeout)
 
 
 @contextlib.contextmanager
@@ -332,8 +330,13 @@ def waiting_for(
     return watch.waiting_for(ranks)
 
 
-def store_for_creation(store: Store) -> Store:
-    """The connection a group creation should wait in: the current watch's breakable
-    one, else this thread's own."""
+def store_for_creation(store: Store, backend: str) -> Store:
+    """The store a group creation should wait in: the current watch's interruptible
+    one (gloo's rendezvous ends with its constructor), else this thread's own
+    connection. NCCL keeps its store for threads of its own (its monitor checks it
+    while the group lives), which must not call into Python: an eager NCCL group's
+    unique-id exchange is not cut short, and raises ``PeerLostError`` at its timeout."""
     watch = current()
-    return watch.store if watch is not None else _agree.thread_store(store)
+    if watch is not None and "nccl" not in backend.lower():
+        return watch.store
+    return _agree.thread_store(store)

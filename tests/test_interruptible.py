@@ -1,0 +1,58 @@
+"""The store group creation waits in under a watch: waits end at the next slice once
+cancelled, and otherwise behave as the store's own (a value, or torch's timeout error).
+
+In-process, on torch's ``HashStore``; the same store under real gloo ranks that lose a
+peer is exercised in ``tests/test_peerloss.py``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+
+from fmesh._compat import memory_store  # torch's HashStore
+from fmesh._compat.interruptible import InterruptibleStore
+
+
+def _store(cancelled: threading.Event, slice_s: float = 0.05) -> InterruptibleStore:
+    inner = memory_store()
+    inner.set_timeout(datetime.timedelta(seconds=5))
+    return InterruptibleStore(inner, cancelled.is_set, slice_s, "given up")
+
+
+def test_a_get_returns_the_value_set_by_another_thread_after_several_slices() -> None:
+    store = _store(threading.Event())
+    threading.Timer(0.3, store.set, ("k", b"v")).start()
+    assert store.get("k") == b"v"
+
+
+def test_a_cancelled_wait_raises_within_one_slice() -> None:
+    cancelled = threading.Event()
+    store = _store(cancelled)
+    threading.Timer(0.2, cancelled.set).start()
+    start = time.monotonic()
+    with pytest.raises(dist.DistNetworkError, match="given up"):
+        store.get("never")
+    assert time.monotonic() - start < 0.2 + 0.5
+
+
+def test_a_wait_past_its_timeout_raises_torchs_timeout_error() -> None:
+    store = _store(threading.Event())
+    start = time.monotonic()
+    with pytest.raises(dist.DistStoreError):
+        store.wait(["never"], datetime.timedelta(seconds=0.3))
+    assert 0.3 <= time.monotonic() - start < 1.5
+
+
+def test_other_operations_are_forwarded() -> None:
+    store = _store(threading.Event())
+    store.set("a", b"1")
+    assert store.add("n", 2) == 2
+    assert store.compare_set("a", b"1", b"2") == b"2"
+    assert store.check(["a", "n"]) and not store.check(["b"])
+    assert store.multi_get(["a", "n"]) == [b"2", b"2"]
+    assert store.delete_key("a") and not store.check(["a"])
