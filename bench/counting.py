@@ -17,15 +17,31 @@ from typing import Any
 
 from torch._C._distributed_c10d import Store
 
-__all__ = ["AGREE", "CountingStore", "agree_call", "delta", "kind", "per_call"]
+__all__ = [
+    "AGREE",
+    "WATCH",
+    "CountingStore",
+    "agree_call",
+    "delta",
+    "kind",
+    "per_call",
+    "watch_call",
+]
 
 AGREE = "fmesh/a/"
 """What every key of fmesh's agreement contains."""
 
 
+WATCH = "/w/"
+"""What every key of a creating call's peer watch adds to its call's prefix."""
+
+
 def kind(key: str) -> str:
-    """``"agree"`` for fmesh's agreement keys, ``"other"`` for the rest."""
-    return "agree" if AGREE in key else "other"
+    """``"watch"`` for the peer watch's keys, ``"agree"`` for the rest of fmesh's
+    agreement keys, ``"other"`` for the rest."""
+    if AGREE not in key:
+        return "other"
+    return "watch" if WATCH in key else "agree"
 
 
 def delta(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
@@ -46,8 +62,14 @@ def per_call(keys: Mapping[str, int], call: Callable[[str], str | None]) -> dict
 
 
 def agree_call(key: str) -> str | None:
-    """The call of an agreement key: its prefix (every key of one call shares it)."""
-    return key.rpartition("/")[0] if AGREE in key else None
+    """The call of an agreement key: its prefix (every key of one call shares it);
+    ``None`` for the watch's keys (:func:`watch_call`) and other keys."""
+    return key.rpartition("/")[0] if kind(key) == "agree" else None
+
+
+def watch_call(key: str) -> str | None:
+    """The call of a watch key (the agreement prefix before ``/w/``), else ``None``."""
+    return key.partition(WATCH)[0] if kind(key) == "watch" else None
 
 
 class CountingStore(Store):

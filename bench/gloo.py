@@ -30,7 +30,7 @@ import statistics
 import time
 
 from . import hits, torch_ref
-from .counting import CountingStore, agree_call, delta, per_call
+from .counting import CountingStore, agree_call, delta, per_call, watch_call
 from .launch import run_gloo_job
 from .recipes import TRAINER5, WORLD_1D
 from .shared import Bench, Json, Row, shape_str
@@ -51,11 +51,14 @@ def _requests(store: CountingStore, before: tuple[dict[str, int], dict[str, int]
     """This rank's requests since ``before``: in all, and its agreement's per call."""
     counts, keys = _counts(store)
     calls = per_call(delta(keys, before[1]), agree_call)
+    watched = per_call(delta(keys, before[1]), watch_call)
     return {
         "requests": sum(delta(counts, before[0]).values()),
         "agree": sum(calls.values()),
         "agreements": len(calls),
         "agree_max": max(calls.values(), default=0),
+        "watch": sum(watched.values()),
+        "watches": len(watched),
     }
 
 
@@ -198,6 +201,20 @@ ROWS = (
         unit="count",
         torch_metric="",
         skipped="no check",
+        counted=True,
+    ),
+    Spec(
+        "gloo.trainer5.watch",
+        "new",
+        "watch",
+        "realize + 3 flattens: peer-watch store requests per rank per creating call",
+        "fmesh's heartbeat while a call creates groups (keys under fmesh/a/.../w/): a "
+        "beat, its reads and the closing barrier, mean over ranks and watched calls; "
+        "torch watches nothing",
+        how="per:watches",
+        unit="count",
+        torch_metric="",
+        skipped="no watch",
         counted=True,
     ),
     Spec(

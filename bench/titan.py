@@ -10,7 +10,8 @@ trainer makes by one import). Every call after it is torch's own ``DeviceMesh`` 
 so these rows measure whatever fmesh does, or does not do, for meshes it made.
 
 Per row: the time of ``build_mesh`` (fake backend: one rank, one fresh process per
-library and repeat, after a warm-up on a small world that is torn down; real gloo:
+library and repeat, after a warm-up on a small world that is torn down and
+``gc.freeze()``; real gloo:
 the slowest rank's), torch ``new_group`` calls and process groups constructed while it
 runs (:func:`bench.torch_ref.counting_group_creation`), and the process's peak RSS.
 Each worker also describes every mesh the recipe built (ranks, local rank, group
@@ -19,6 +20,7 @@ ranks) and the section checks that both libraries built the same ones.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import resource
@@ -233,6 +235,12 @@ def worker_fake(spec: Json) -> Json:
     del warm_up
     torch_ref.teardown()
     torch_ref.init_fake(world)
+    # The heap this process inherited from the bench's fork server (torch, numpy) is
+    # moved out of the collector's reach, on both sides: a full collection during the
+    # build would otherwise copy every page of it (about 90 ms here), a cost of the
+    # fork, not of either library.
+    gc.collect()
+    gc.freeze()
     figures, keep = measured_build(impl, world, CONFIGS[world])
     del keep
     return figures
