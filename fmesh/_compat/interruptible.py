@@ -1,37 +1,83 @@
 """A store whose waits another thread can cut short, for group creation under a watch.
 
-torch's store waits (and the gloo and NCCL rendezvous, which wait in the store) block in
-C++ until the key appears or the timeout passes; nothing in torch's API cancels them.
+torch's store waits (and the gloo rendezvous, which waits in the store) block in C++
+until the key appears or the timeout passes; nothing in torch's API cancels them.
 ``InterruptibleStore`` forwards every operation to a connection the caller already
 holds, and splits each wait into slices of ``slice_s`` seconds: between two slices it
 asks ``cancelled()``, and raises ``DistNetworkError`` once that says yes. So a watch
-(``_runtime/liveness.py``) wakes a rank blocked in a rendezvous without a connection of its
-own; the slices cost one request each, only while a wait lasts.
+(``_runtime/liveness.py``) wakes a rank blocked in a rendezvous; the slices cost one
+request each, only while a wait lasts.
+
+The watch's own thread shares that connection (a new one can stall the store's server
+for seconds when every rank opens one at once): a TCPStore client serializes its
+requests, and a slice holds it, so a ``Gate`` lets the watch's requests in between two
+slices, in turn, instead of leaving that to the client's lock (which the waiting
+thread, taking it again at once, would win).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from torch._C._distributed_c10d import Store
 
-__all__ = ["InterruptibleStore"]
+__all__ = ["Gate", "InterruptibleStore"]
+
+
+class Gate:
+    """Turns on one connection between a thread in sliced waits and short requests
+    from others: a waiting thread steps aside after each slice while others want in."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cv = threading.Condition()
+        self._wanting = 0
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """Hold the connection for a few short requests."""
+        with self._cv:
+            self._wanting += 1
+        self._lock.acquire()
+        with self._cv:
+            self._wanting -= 1
+            self._cv.notify_all()
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    @contextlib.contextmanager
+    def slice(self) -> Iterator[None]:
+        """Hold the connection for one slice of a wait, after anyone who wants it."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._wanting == 0, timeout=1.0)
+        with self._lock:
+            yield
 
 
 class InterruptibleStore(Store):
     """Forwards to ``inner``; waits are cut into slices and end once ``cancelled()``."""
 
     def __init__(
-        self, inner: Store, cancelled: Callable[[], bool], slice_s: float, why: str
+        self,
+        inner: Store,
+        cancelled: Callable[[], bool],
+        slice_s: float,
+        why: str,
+        gate: Gate | None = None,
     ) -> None:
         super().__init__()
         self.inner: Any = inner
         self._cancelled = cancelled
         self._slice = datetime.timedelta(seconds=slice_s)
         self._why = why
+        self._gate = gate if gate is not None else Gate()
         self.set_timeout(cast(Any, inner).timeout)
 
     def _raise_if_cancelled(self) -> None:
@@ -50,7 +96,8 @@ class InterruptibleStore(Store):
             left = deadline - time.monotonic()
             step = min(self._slice, datetime.timedelta(seconds=max(left, 0.001)))
             try:
-                self.inner.wait(keys, step)
+                with self._gate.slice():
+                    self.inner.wait(keys, step)
                 return
             except dist.DistStoreError:
                 if left <= step.total_seconds():

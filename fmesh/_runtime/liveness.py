@@ -4,22 +4,22 @@ From the agreement to the end of a creating call, every rank runs a *watch*: a d
 thread that beats (adds 1 to its own key every ``interval``) and reads the beats of
 the peers this rank waits for: the members of the group being created, then, at the
 call's closing barrier, its neighbours in rank order. A peer whose beat stands still
-for ``patience`` seconds (twice that before its first beat, which the creation
-waits for up to one ``interval``) is lost: its watcher
-publishes the verdict under the call's keys and cancels the creation's waits
-(``_compat/interruptible.py``: they wait in slices on the calling thread's own
-connection, and stop at the next slice), so the blocked torch call raises; every other
-rank's watch sees the verdict at its next beat and does the same. A slow peer keeps
-beating (the thread needs neither its main thread nor its GIL for long), so it is
-never declared lost. The watch threads share one store connection, which the first
-watch of a process opens in its own thread: a creating call never waits for a
-connection. Memo hits run no watch. On by default; ``FMESH_PEER_WATCH=0`` turns it
-off. The protocol: ``docs/design/agreement-protocol.md``.
+for ``patience`` seconds is lost: its watcher publishes the verdict under the call's
+keys and cancels the creation's waits (``_compat/interruptible.py``: they wait in
+slices of one ``interval`` and stop at the next), so the blocked torch call raises;
+every other rank's watch sees the verdict at its next beat and does the same. A slow
+peer keeps beating (the thread needs neither its main thread nor its GIL for long), so
+it is never declared lost.
+
+The watch opens no connection (a new one can stall the store's server for seconds
+when every rank opens one at once): its thread shares the calling thread's own, taking
+turns with the creation's sliced waits (``Gate``). Memo hits run no watch; stores other
+than a TCPStore get none. On by default; ``FMESH_PEER_WATCH=0`` turns it off. The
+protocol: ``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime
 import logging
@@ -52,27 +52,6 @@ started = 0
 """Watches started in this process (tests: a memo hit starts none)."""
 
 _local = threading.local()
-_conn_lock = threading.Lock()
-_conn: list[tuple[Store, Store]] = []
-"""(default store, the watch threads' connection to it): opened by the first watch of
-the process, in its own thread (so the creation never waits for it), and shared by
-every later one; replaced when the default store changes."""
-
-
-@atexit.register
-def _drain() -> None:
-    """Close the watches' connection before the interpreter tears torch down (a store
-    client freed during that teardown can abort the process)."""
-    with _conn_lock:
-        _conn.clear()
-
-
-def _watch_connection(store: Store) -> Store:
-    """The watch threads' own connection to ``store`` (see ``_conn``)."""
-    with _conn_lock:
-        if not _conn or _conn[0][0] is not store:
-            _conn[:] = [(store, _agree.new_connection(store))]
-        return _conn[0][1]
 
 
 def settings(timeout: datetime.timedelta | None) -> tuple[float, float]:
@@ -99,22 +78,33 @@ class Watch:
         self,
         ticket: Ticket,
         timeout: datetime.timedelta | None,
+        client: Store,
     ) -> None:
+        """``client``: the TCPStore client under this thread's connection (``start``)."""
         global started
         started += 1
         self.ticket = ticket
         self.p = ticket.prefix + "w/"
         self.interval, self.patience = settings(timeout)
-        from .._compat.interruptible import InterruptibleStore
+        from .._compat.interruptible import Gate, InterruptibleStore
 
         self._broken = False
+        why = "fmesh: this call was given up (a peer was lost or failed): waiting stopped"
+        self._gate = Gate()
         self.store = InterruptibleStore(
             _agree.thread_store(ticket.store),
             lambda: self._broken,
-            2 * self.interval,
-            "fmesh: this call was given up (a peer was lost or failed): waiting stopped",
+            self.interval,
+            why,
+            self._gate,
         )
         """Where this call's creations wait: this thread's connection, waits sliced."""
+        self._keys = client
+        """The watch's keys: the same connection, without prefixes (``start``), for
+        short requests; the thread takes its turns on it through ``_gate``."""
+        self._keys_wait = InterruptibleStore(
+            client, lambda: self._broken, self.interval, why, self._gate
+        )
         self._lock = threading.Lock()
         self._watching: tuple[int, ...] = ()
         self._stop = threading.Event()
@@ -123,35 +113,34 @@ class Watch:
             target=self._run, name=f"fmesh-watch-{ticket.rank}", daemon=True
         )
         self._thread.start()
-        # Beat once before creating: a peer then tells a rank that died in the call
-        # (beat stands still) from one still opening its connection (no beat yet).
-        self._beat.wait(self.interval)
+        self._beat.wait(self.interval)  # beat once before creating anything
 
     # -- the thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        p, me = self.p, self.ticket.rank
+        p, me, conn, turn = self.p, self.ticket.rank, self._keys, self._gate.turn
         seen: dict[int, tuple[int, float]] = {}
         try:
-            conn = _watch_connection(self.ticket.store)
             while True:
-                conn.add(f"{p}hb/{me}", 1)
+                with turn():
+                    conn.add(f"{p}hb/{me}", 1)
+                    ended = conn.get(p + "end") if conn.check([p + "end"]) else None
                 self._beat.set()
-                if conn.check([p + "end"]):
-                    if conn.get(p + "end") != b"ok":
+                if ended is not None:
+                    if ended != b"ok":
                         self._break()
                     return
                 with self._lock:
                     watching = self._watching
                 now = time.monotonic()
                 stale = []
-                for r in watching:
-                    beat = conn.add(f"{p}hb/{r}", 0)
+                with turn():
+                    beats = [(r, conn.add(f"{p}hb/{r}", 0)) for r in watching]
+                for r, beat in beats:
                     last = seen.get(r)
                     if last is None or last[0] != beat:
                         seen[r] = (beat, now)
-                    elif now - last[1] >= self.patience * (1 if beat else 2):
-                        # A peer that never beat may still be opening its connection.
+                    elif now - last[1] >= self.patience:
                         stale.append(r)
                 if stale:
                     self._declare(conn, stale)
@@ -165,11 +154,15 @@ class Watch:
         """Publish ``stale`` as lost, give other watchers a moment to add theirs (ranks
         that died together), then wake every rank of the call."""
         p = self.p
-        if not conn.check([p + "end"]):
-            append(conn, p + "lost", ",".join(map(str, stale)) + ",")
-            conn.compare_set(p + "by", "", str(self.ticket.rank))
+        with self._gate.turn():
+            ended = conn.check([p + "end"])
+            if not ended:
+                append(conn, p + "lost", ",".join(map(str, stale)) + ",")
+                conn.compare_set(p + "by", "", str(self.ticket.rank))
+        if not ended:
             time.sleep(2 * self.interval)
-            conn.compare_set(p + "end", "", "lost")
+            with self._gate.turn():
+                conn.compare_set(p + "end", "", "lost")
         self._break()
 
     def _break(self) -> None:
@@ -191,12 +184,16 @@ class Watch:
 
     def verdict(self, wait: float = 0.0) -> str | None:
         """The call's outcome once published (``ok``, ``lost``, ``fail:...``)."""
-        raw = wait_get(_agree.thread_store(self.ticket.store), self.p + "end", wait)
+        import torch.distributed as dist
+
+        try:
+            raw = wait_get(self._keys_wait if wait > 0 else self._keys, self.p + "end", wait)
+        except dist.DistNetworkError:  # given up meanwhile: the outcome is there
+            raw = wait_get(self._keys, self.p + "end", 0.0)
         return None if raw is None else raw.decode()
 
     def lost(self) -> tuple[int, ...]:
-        conn = _agree.thread_store(self.ticket.store)
-        raw = wait_get(conn, self.p + "lost", 0.0)
+        raw = wait_get(self._keys, self.p + "lost", 0.0)
         text = "" if raw is None else raw.decode()
         return tuple(sorted({int(r) for r in text.split(",") if r}))
 
@@ -215,7 +212,7 @@ class Watch:
                 f"call after every rank agreed on it: {verdict[5:]}"
             )
         lost = self.lost()
-        by = wait_get(_agree.thread_store(t.store), self.p + "by", 0.0)
+        by = wait_get(self._keys, self.p + "by", 0.0)
         found = "" if by is None else f", found by rank {by.decode()}"
         return PeerLostError(
             f"rank(s) {list(lost)} died during {where}, after every rank agreed on it "
@@ -234,14 +231,14 @@ class Watch:
         t = self.ticket
         ranks = list(t.ranks)
         n = len(ranks)
-        conn = _agree.thread_store(t.store)
+        conn = self._keys
         if conn.add(self.p + "out", 1) == n:
             conn.compare_set(self.p + "end", "", "ok")
         i = ranks.index(t.rank)
         doing = "waiting for the other ranks to finish creating their groups"
         with self.waiting_for({ranks[(i - 1) % n], ranks[(i + 1) % n]} - {t.rank}):
             try:
-                self.store.wait([self.p + "end"], timeout)
+                self._keys_wait.wait([self.p + "end"], timeout)
             except dist.DistError as err:
                 found = self.error(doing, err)
                 if found is not None:
@@ -260,16 +257,14 @@ class Watch:
         first = (str(err).splitlines() or [type(err).__name__])[0][:500]
         message = f"rank {self.ticket.rank}: {first}"
         with contextlib.suppress(Exception):
-            _agree.thread_store(self.ticket.store).compare_set(
-                self.p + "end", "", "fail:" + message
-            )
+            self._keys.compare_set(self.p + "end", "", "fail:" + message)
 
     def close(self) -> None:
         """Stop the thread; the last rank of the call out deletes the call's keys."""
         self._stop.set()
         self._thread.join()
         t = self.ticket
-        conn = _agree.thread_store(t.store)
+        conn = self._keys
         with contextlib.suppress(Exception):
             verdict = self.verdict()
             alive = len(t.ranks) - (len(self.lost()) if verdict == "lost" else 0)
@@ -278,7 +273,7 @@ class Watch:
                     conn.delete_key(f"{self.p}hb/{r}")
                 for key in ("out", "end", "lost", "by", "gone"):
                     conn.delete_key(self.p + key)
-                conn.delete_key(t.prefix + "failed")
+                _agree.thread_store(t.store).delete_key(t.prefix + "failed")
 
 
 def _said(cause: object) -> str:
@@ -301,10 +296,14 @@ def enabled() -> bool:
 
 def start(ticket: Ticket | None, timeout: datetime.timedelta | None) -> Watch | None:
     """A watch for a creating call (none without a ticket: nobody to wait for; none
-    unless ``enabled()``)."""
+    unless ``enabled()``; none on a store that is not a TCPStore)."""
+    from .._compat import tcp_client_under
+
     if ticket is None or len(ticket.ranks) <= 1 or not enabled():
         return None
-    return Watch(ticket, timeout)
+    client = tcp_client_under(_agree.thread_store(ticket.store))
+    # Other stores: no watch (it needs a connection of its own to the same server).
+    return None if client is None else Watch(ticket, timeout, client)
 
 
 @contextlib.contextmanager
