@@ -23,7 +23,6 @@ from .c10d import memory_store as memory_store
 from .c10d import new_named_group as new_named_group
 from .c10d import shrink_from as shrink_from
 from .c10d import split_from_world as split_from_world
-from .c10d import tcp_client_under as tcp_client_under
 from .c10d import torch_version as torch_version
 from .dtensor import explicit_shard_order as explicit_shard_order
 from .dtensor import strided_shard as strided_shard
@@ -51,6 +50,5 @@ __all__ = [
     "split_from_world",
     "strided_shard",
     "strided_shard_parts",
-    "tcp_client_under",
     "torch_version",
 ]

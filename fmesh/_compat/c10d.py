@@ -71,17 +71,6 @@ def default_store() -> Store:
     return c10d._get_default_store()
 
 
-def tcp_client_under(store: Store) -> Store | None:
-    """The TCPStore client under ``store`` (through PrefixStores), if there is one: the
-    same connection, without the prefixes."""
-    from torch._C._distributed_c10d import PrefixStore, TCPStore
-
-    inner: object = store
-    while isinstance(inner, PrefixStore):
-        inner = inner.underlying_store
-    return inner if isinstance(inner, TCPStore) else None
-
-
 def memory_store() -> Store:
     """A new in-process store (torch's ``HashStore``): rendezvous with nobody else."""
     from torch._C._distributed_c10d import HashStore

@@ -13,9 +13,9 @@ it is never declared lost.
 
 The watch opens no connection (a new one can stall the store's server for seconds
 when every rank opens one at once): its thread shares the calling thread's own, taking
-turns with the creation's sliced waits (``Gate``). Memo hits run no watch; stores other
-than a TCPStore get none. On by default; ``FMESH_PEER_WATCH=0`` turns it off. The
-protocol: ``docs/design/agreement-protocol.md``.
+turns with the creation's sliced waits (``Gate``). Memo hits run no watch. On by
+default; ``FMESH_PEER_WATCH=0`` turns it off. The protocol:
+``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations
@@ -78,9 +78,7 @@ class Watch:
         self,
         ticket: Ticket,
         timeout: datetime.timedelta | None,
-        client: Store,
     ) -> None:
-        """``client``: the TCPStore client under this thread's connection (``start``)."""
         global started
         started += 1
         self.ticket = ticket
@@ -91,20 +89,14 @@ class Watch:
         self._broken = False
         why = "fmesh: this call was given up (a peer was lost or failed): waiting stopped"
         self._gate = Gate()
+        self._keys = _agree.thread_store(ticket.store)
+        """This thread's connection: the watch's short requests, from both threads (the
+        watch thread takes its turns on it through ``_gate``)."""
         self.store = InterruptibleStore(
-            _agree.thread_store(ticket.store),
-            lambda: self._broken,
-            self.interval,
-            why,
-            self._gate,
+            self._keys, lambda: self._broken, self.interval, why, self._gate
         )
-        """Where this call's creations wait: this thread's connection, waits sliced."""
-        self._keys = client
-        """The watch's keys: the same connection, without prefixes (``start``), for
-        short requests; the thread takes its turns on it through ``_gate``."""
-        self._keys_wait = InterruptibleStore(
-            client, lambda: self._broken, self.interval, why, self._gate
-        )
+        """Where this call's creations and its closing barrier wait: the same
+        connection, waits sliced."""
         self._lock = threading.Lock()
         self._watching: tuple[int, ...] = ()
         self._stop = threading.Event()
@@ -187,7 +179,7 @@ class Watch:
         import torch.distributed as dist
 
         try:
-            raw = wait_get(self._keys_wait if wait > 0 else self._keys, self.p + "end", wait)
+            raw = wait_get(self.store if wait > 0 else self._keys, self.p + "end", wait)
         except dist.DistNetworkError:  # given up meanwhile: the outcome is there
             raw = wait_get(self._keys, self.p + "end", 0.0)
         return None if raw is None else raw.decode()
@@ -238,7 +230,7 @@ class Watch:
         doing = "waiting for the other ranks to finish creating their groups"
         with self.waiting_for({ranks[(i - 1) % n], ranks[(i + 1) % n]} - {t.rank}):
             try:
-                self._keys_wait.wait([self.p + "end"], timeout)
+                self.store.wait([self.p + "end"], timeout)
             except dist.DistError as err:
                 found = self.error(doing, err)
                 if found is not None:
@@ -296,14 +288,10 @@ def enabled() -> bool:
 
 def start(ticket: Ticket | None, timeout: datetime.timedelta | None) -> Watch | None:
     """A watch for a creating call (none without a ticket: nobody to wait for; none
-    unless ``enabled()``; none on a store that is not a TCPStore)."""
-    from .._compat import tcp_client_under
-
+    unless ``enabled()``)."""
     if ticket is None or len(ticket.ranks) <= 1 or not enabled():
         return None
-    client = tcp_client_under(_agree.thread_store(ticket.store))
-    # Other stores: no watch (it needs a connection of its own to the same server).
-    return None if client is None else Watch(ticket, timeout, client)
+    return Watch(ticket, timeout)
 
 
 @contextlib.contextmanager
