@@ -100,12 +100,10 @@ class Watch:
         self._lock = threading.Lock()
         self._watching: tuple[int, ...] = ()
         self._stop = threading.Event()
-        self._beat = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"fmesh-watch-{ticket.rank}", daemon=True
         )
         self._thread.start()
-        self._beat.wait(self.interval)  # beat once before creating anything
 
     # -- the thread ---------------------------------------------------------------------
 
@@ -117,7 +115,6 @@ class Watch:
                 with turn():
                     conn.add(f"{p}hb/{me}", 1)
                     ended = conn.get(p + "end") if conn.check([p + "end"]) else None
-                self._beat.set()
                 if ended is not None:
                     if ended != b"ok":
                         self._break()
