@@ -86,34 +86,38 @@ def section(b: Bench) -> None:
             "peak_rss": [p for _, p, _ in runs],
             "rank_seconds": [r["seconds"] for r in ranks],
         }
-        b.rows.append(
-            Row(
-                "plan.titan.seconds",
-                section=SECTION,
-                world=w,
-                ranks=world,
-                torch=None,
-                skipped=SKIPPED,
-                bench=f"fmesh plan of torchtitan's recipe, {RANKS} ranks, wall time",
-                unit="s",
-                fmesh=statistics.median(s for s, _, _ in runs),
-                note="the whole command as a subprocess, importing torch included; "
-                "each rank on a fresh fake world; target: under 10 s at 2^17",
+        for key, what, unit, values, note, resolution in (
+            (
+                "seconds",
+                "wall time",
+                "s",
+                [s for s, _, _ in runs],
+                "the whole command as a subprocess, importing torch included; each rank on "
+                "a fresh fake world; target: under 10 s at 2^17",
+                0.0,
+            ),
+            (
+                "peak_rss",
+                "peak RSS",
+                "B",
+                [p for _, p, _ in runs],
+                "largest resident set of the command (torch's DeviceMesh holds an O(world) "
+                "rank map per root)",
+                float(2**20),
+            ),
+        ):
+            b.rows.append(
+                Row(
+                    f"plan.titan.{key}",
+                    section=SECTION,
+                    world=w,
+                    ranks=world,
+                    torch=None,
+                    skipped=SKIPPED,
+                    bench=f"fmesh plan of torchtitan's recipe, {RANKS} ranks, {what}",
+                    unit=unit,
+                    fmesh=statistics.median(values),
+                    note=note,
+                    resolution=resolution,
+                )
             )
-        )
-        b.rows.append(
-            Row(
-                "plan.titan.peak_rss",
-                section=SECTION,
-                world=w,
-                ranks=world,
-                torch=None,
-                skipped=SKIPPED,
-                bench=f"fmesh plan of torchtitan's recipe, {RANKS} ranks, peak RSS",
-                unit="B",
-                fmesh=statistics.median(p for _, p, _ in runs),
-                note="largest resident set of the command (torch's DeviceMesh holds an "
-                "O(world) rank map per root)",
-                resolution=2**20,
-            )
-        )
