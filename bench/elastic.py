@@ -44,8 +44,9 @@ def worker(spec: Json) -> Json:
     store = torch_ref.connect_store(spec["port"], WORLD, datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timeout)
     mesh = fmesh.make_mesh({"dp": 2, "fsdp": 2, "tp": 2})
-    # The same mesh without the short timeout first: 8 ranks opening their store
-    # connections at once on 2 CPUs can take longer than the 3 s the run measures with.
+    # The same mesh without the short timeout first: a process's first creating call
+    # (imports, first connections) on 8 ranks sharing 2 CPUs can take longer than the
+    # 3 s the run measures with.
     fmesh.realize(mesh)
     realized = fmesh.realize(mesh, timeout=timeout)
     step, failed_at, in_recover = 0, None, 0.0

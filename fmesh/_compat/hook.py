@@ -67,8 +67,8 @@ def supported(version: tuple[int, int]) -> bool:
     return SUPPORTED[0] <= version <= SUPPORTED[1]
 
 
-_HOOK_OFF = ("0", "false", "off", "no")
-_HOOK_ON = ("1", "true", "on", "yes")
+_OFF = ("0", "false", "off", "no")
+_ON = ("1", "true", "on", "yes")
 
 
 def switch(name: str, value: str | None, on_means: str, off_means: str) -> bool:
@@ -76,13 +76,13 @@ def switch(name: str, value: str | None, on_means: str, off_means: str) -> bool:
     spellings of on and off in any case, spaces trimmed; anything else a ValueError
     (not a MeshError: _compat sits beside _core, and this is no mesh's fault)."""
     word = (value or "").strip().lower()
-    if word in ("", *_HOOK_ON):
+    if word in ("", *_ON):
         return True
-    if word in _HOOK_OFF:
+    if word in _OFF:
         return False
     raise ValueError(
-        f"{name}={value!r} is not a switch: {', '.join(_HOOK_OFF)} {off_means}, "
-        f"{', '.join(_HOOK_ON)} (or unset, the default) {on_means}; any case"
+        f"{name}={value!r} is not a switch: {', '.join(_OFF)} {off_means}, "
+        f"{', '.join(_ON)} (or unset, the default) {on_means}; any case"
     )
 
 

@@ -258,7 +258,7 @@ def _new_group(
         # This thread's own store connection: the rendezvous waits in the store, and
         # a store client serializes its operations, so threads sharing one would
         # wait on each other.
-        # The watch breaks it when a peer dies (liveness.py).
+        # The watch cuts its waits short when a peer dies (liveness.py).
         store = (
             None if ticket is None else liveness.store_for_creation(default_store(), backend)
         )

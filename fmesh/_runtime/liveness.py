@@ -262,7 +262,7 @@ class Watch:
                     conn.delete_key(f"{self.p}hb/{r}")
                 for key in ("out", "end", "lost", "by", "gone"):
                     conn.delete_key(self.p + key)
-                _agree.thread_store(t.store).delete_key(t.prefix + "failed")
+                conn.delete_key(t.prefix + "failed")
 
 
 def _said(cause: object) -> str:
