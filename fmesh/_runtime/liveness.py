@@ -110,6 +110,7 @@ class Watch:
     def _run(self) -> None:
         p, me, conn, turn = self.p, self.ticket.rank, self._keys, self._gate.turn
         seen: dict[int, tuple[int, float]] = {}
+        declared: float | None = None
         try:
             while True:
                 with turn():
@@ -119,40 +120,48 @@ class Watch:
                     if ended != b"ok":
                         self._break()
                     return
-                with self._lock:
-                    watching = self._watching
                 now = time.monotonic()
-                stale = []
-                with turn():
-                    beats = [(r, conn.add(f"{p}hb/{r}", 0)) for r in watching]
-                for r, beat in beats:
-                    last = seen.get(r)
-                    if last is None or last[0] != beat:
-                        seen[r] = (beat, now)
-                    elif now - last[1] >= self.patience:
-                        stale.append(r)
-                if stale:
-                    self._declare(conn, stale)
-                    return
+                if declared is None:
+                    stale = self._stale(conn, seen, now)
+                    if stale and self._declare(conn, stale):
+                        declared = now
+                elif now - declared >= 2 * self.interval:
+                    # Other watchers had two beats to add the ranks they lost too.
+                    with turn():
+                        conn.compare_set(p + "end", "", "lost")
+                    continue
                 if self._stop.wait(self.interval):
                     return
         except Exception as err:  # the store is gone: the caller's own wait says so
             logger.debug("fmesh: watch of rank %d stopped: %s", me, err)
 
-    def _declare(self, conn: Store, stale: list[int]) -> None:
-        """Publish ``stale`` as lost, give other watchers a moment to add theirs (ranks
-        that died together), then wake every rank of the call."""
+    def _stale(self, conn: Store, seen: dict[int, tuple[int, float]], now: float) -> list[int]:
+        """The watched peers whose beat has stood still for ``patience`` seconds."""
+        with self._lock:
+            watching = self._watching
+        with self._gate.turn():
+            beats = [(r, conn.add(f"{self.p}hb/{r}", 0)) for r in watching]
+        stale = []
+        for r, beat in beats:
+            last = seen.get(r)
+            if last is None or last[0] != beat:
+                seen[r] = (beat, now)
+            elif now - last[1] >= self.patience:
+                stale.append(r)
+        return stale
+
+    def _declare(self, conn: Store, stale: list[int]) -> bool:
+        """Publish ``stale`` as lost unless the call already ended. The thread goes on
+        beating, and publishes the end two beats later (ranks that died together are
+        found by other watchers meanwhile): a declaring rank that stopped beating would
+        be taken for dead by its own watchers on a loaded machine."""
         p = self.p
         with self._gate.turn():
-            ended = conn.check([p + "end"])
-            if not ended:
-                append(conn, p + "lost", ",".join(map(str, stale)) + ",")
-                conn.compare_set(p + "by", "", str(self.ticket.rank))
-        if not ended:
-            time.sleep(2 * self.interval)
-            with self._gate.turn():
-                conn.compare_set(p + "end", "", "lost")
-        self._break()
+            if conn.check([p + "end"]):
+                return False
+            append(conn, p + "lost", ",".join(map(str, stale)) + ",")
+            conn.compare_set(p + "by", "", str(self.ticket.rank))
+        return True
 
     def _break(self) -> None:
         with self._lock:

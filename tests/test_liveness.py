@@ -1,0 +1,52 @@
+"""The watch's verdict, in-process: three ranks' watches on one torch ``HashStore``,
+rank 2 never beats. The watchers name rank 2 alone, and the rank that declares it goes
+on beating until it publishes the end (a declaring rank that went quiet was taken for
+lost by its own watchers on a loaded CI machine). Real gloo ranks that lose a peer:
+``tests/test_peerloss.py``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+from fmesh._compat import memory_store
+from fmesh._runtime import liveness
+from fmesh._runtime.agreement_records import Record, Ticket
+
+
+def _record() -> Record:
+    return Record(0, 0, "mesh {'a': 3}", "")
+
+
+def test_the_declaring_rank_beats_on_until_the_end_is_published() -> None:
+    store = memory_store()
+    store.set_timeout(datetime.timedelta(seconds=5))
+    ranks = (0, 1, 2)
+    tickets = [Ticket(store, r, ranks, "t/", "realize call #1", _record) for r in (0, 1)]
+    timeout = datetime.timedelta(seconds=1)  # patience 1 s, interval 0.25 s
+    interval, patience = liveness.settings(timeout)
+    watches = [liveness.Watch(t, timeout) for t in tickets]
+    p = watches[0].p
+    try:
+        # Each live rank waits for the other and for rank 2.
+        with watches[0].waiting_for({1, 2}), watches[1].waiting_for({0, 2}):
+            deadline = time.monotonic() + patience + 10 * interval + 5.0
+            while not store.check([p + "lost"]):
+                assert time.monotonic() < deadline, "rank 2 was never declared lost"
+                time.sleep(0.01)
+            by = int(store.get(p + "by"))
+            beat_at_verdict = store.add(f"{p}hb/{by}", 0)
+            while not store.check([p + "end"]):
+                assert time.monotonic() < deadline, "the end was never published"
+                time.sleep(0.01)
+            beat_at_end = store.add(f"{p}hb/{by}", 0)
+        assert store.get(p + "end") == b"lost"
+        assert [w.lost() for w in watches] == [(2,), (2,)]
+        assert beat_at_end > beat_at_verdict, (beat_at_verdict, beat_at_end)
+        for w in watches:
+            assert w.verdict() == "lost"
+            assert "rank(s) [2] died" in str(w.error("creating a group", "")), w
+    finally:
+        for w in watches:
+            w.close()
