@@ -17,11 +17,15 @@ from typing import Any
 
 from torch._C._distributed_c10d import Store
 
+from fmesh._runtime import liveness
+
 __all__ = [
     "AGREE",
+    "BEATS",
     "WATCH",
     "CountingStore",
     "agree_call",
+    "beats",
     "delta",
     "kind",
     "per_call",
@@ -35,10 +39,15 @@ AGREE = "fmesh/a/"
 WATCH = "/w/"
 """What every key of a creating call's peer watch adds to its call's prefix."""
 
+BEATS = liveness.BEATS
+"""What every rank's beat key contains (one per rank, shared by its calls)."""
+
 
 def kind(key: str) -> str:
-    """``"watch"`` for the peer watch's keys, ``"agree"`` for the rest of fmesh's
-    agreement keys, ``"other"`` for the rest."""
+    """``"watch"`` for the peer watch's keys (beats included), ``"agree"`` for the rest
+    of fmesh's agreement keys, ``"other"`` for the rest."""
+    if BEATS in key:
+        return "watch"
     if AGREE not in key:
         return "other"
     return "watch" if WATCH in key else "agree"
@@ -68,8 +77,14 @@ def agree_call(key: str) -> str | None:
 
 
 def watch_call(key: str) -> str | None:
-    """The call of a watch key (the agreement prefix before ``/w/``), else ``None``."""
-    return key.partition(WATCH)[0] if kind(key) == "watch" else None
+    """The call of a watch key (the agreement prefix before ``/w/``), else ``None``
+    (beats too: they belong to no one call)."""
+    return key.partition(WATCH)[0] if kind(key) == "watch" and WATCH in key else None
+
+
+def beats(keys: Mapping[str, int]) -> int:
+    """Requests on the beat keys among ``keys`` (per-key counts)."""
+    return sum(n for key, n in keys.items() if BEATS in key)
 
 
 class CountingStore(Store):

@@ -30,7 +30,7 @@ import statistics
 import time
 
 from . import hits, torch_ref
-from .counting import CountingStore, agree_call, delta, per_call, watch_call
+from .counting import CountingStore, agree_call, beats, delta, per_call, watch_call
 from .launch import run_gloo_job
 from .recipes import TRAINER5, WORLD_1D
 from .shared import Bench, Json, Row, shape_str
@@ -50,14 +50,15 @@ def _counts(store: CountingStore) -> tuple[dict[str, int], dict[str, int]]:
 def _requests(store: CountingStore, before: tuple[dict[str, int], dict[str, int]]) -> Json:
     """This rank's requests since ``before``: in all, and its agreement's per call."""
     counts, keys = _counts(store)
-    calls = per_call(delta(keys, before[1]), agree_call)
-    watched = per_call(delta(keys, before[1]), watch_call)
+    added = delta(keys, before[1])
+    calls = per_call(added, agree_call)
+    watched = per_call(added, watch_call)
     return {
         "requests": sum(delta(counts, before[0]).values()),
         "agree": sum(calls.values()),
         "agreements": len(calls),
         "agree_max": max(calls.values(), default=0),
-        "watch": sum(watched.values()),
+        "watch": sum(watched.values()) + beats(added),
         "watches": len(watched),
     }
 
@@ -208,9 +209,9 @@ ROWS = (
         "new",
         "watch",
         "realize + 3 flattens: peer-watch store requests per rank per creating call",
-        "fmesh's heartbeat while a call creates groups (keys under fmesh/a/.../w/): a "
-        "beat, its reads and the closing barrier, mean over ranks and watched calls; "
-        "torch watches nothing",
+        "fmesh's heartbeat while a call creates groups (fmesh/hb/<rank>, fmesh/a/.../w/): "
+        "beats (the first after 1 s), their reads and the closing barrier, mean over "
+        "ranks and watched calls; torch watches nothing",
         how="per:watches",
         unit="count",
         torch_metric="",

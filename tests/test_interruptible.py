@@ -11,18 +11,22 @@ import contextlib
 import datetime
 import threading
 import time
+from typing import TYPE_CHECKING, cast
 
 import pytest
 import torch.distributed as dist
 
 from fmesh._compat import memory_store  # torch's HashStore
-from fmesh._compat.interruptible import Gate, InterruptibleStore
+from fmesh._compat.interruptible import Gate, interruptible_store
+
+if TYPE_CHECKING:
+    from fmesh._compat import Store
 
 
-def _store(cancelled: threading.Event, slice_s: float = 0.05) -> InterruptibleStore:
+def _store(cancelled: threading.Event, slice_s: float = 0.05) -> Store:
     inner = memory_store()
     inner.set_timeout(datetime.timedelta(seconds=5))
-    return InterruptibleStore(inner, cancelled.is_set, slice_s, "given up")
+    return interruptible_store(inner, cancelled.is_set, slice_s, "given up")
 
 
 def test_a_get_returns_the_value_set_by_another_thread_after_several_slices() -> None:
@@ -51,9 +55,9 @@ def test_a_wait_past_its_timeout_raises_torchs_timeout_error() -> None:
 
 def test_other_operations_are_forwarded() -> None:
     store = _store(threading.Event())
-    store.set("a", b"1")
+    store.set("a", "1")
     assert store.add("n", 2) == 2
-    assert store.compare_set("a", b"1", b"2") == b"2"
+    assert store.compare_set("a", "1", "2") == b"2"
     assert store.check(["a", "n"]) and not store.check(["b"])
     assert store.multi_get(["a", "n"]) == [b"2", b"2"]
     assert store.delete_key("a") and not store.check(["a"])
@@ -66,7 +70,7 @@ def test_the_gate_lets_a_short_request_in_between_two_slices() -> None:
     cancelled = threading.Event()
     gate = Gate()
     inner = memory_store()
-    store = InterruptibleStore(inner, cancelled.is_set, 0.05, "given up", gate)
+    store = interruptible_store(inner, cancelled.is_set, 0.05, "given up", gate)
     waiter = threading.Thread(target=lambda: _swallow(store), daemon=True)
     waiter.start()
     worst = 0.0
@@ -82,6 +86,39 @@ def test_the_gate_lets_a_short_request_in_between_two_slices() -> None:
     assert worst < 0.5, worst
 
 
-def _swallow(store: InterruptibleStore) -> None:
+def _swallow(store: Store) -> None:
     with contextlib.suppress(dist.DistNetworkError):
         store.wait(["never"], datetime.timedelta(seconds=30))
+
+
+def test_a_get_after_a_wait_for_its_key_sends_one_request() -> None:
+    # gloo's rendezvous waits for a key, then gets it: the get does not wait again; a
+    # get of any other key still waits first (in slices, cancellable).
+    inner = memory_store()
+    inner.set_timeout(datetime.timedelta(seconds=5))
+    calls: list[str] = []
+
+    class Counting:
+        timeout = datetime.timedelta(seconds=5)
+
+        def __getattr__(self, name: str) -> object:
+            calls.append(name)
+            return getattr(inner, name)
+
+    store = interruptible_store(
+        cast("Store", Counting()), threading.Event().is_set, 0.05, "given up"
+    )
+    store.set("k", "v")
+    store.set("other", "w")
+    calls.clear()
+    store.wait(["k"])
+    assert store.get("k") == b"v"
+    assert calls == ["wait", "get"]
+    calls.clear()
+    assert store.get("other") == b"w"
+    assert calls == ["wait", "get"]
+    calls.clear()
+    store.delete_key("k")
+    inner.set("k", "again")
+    assert store.get("k") == b"again"
+    assert calls == ["delete_key", "wait", "get"]

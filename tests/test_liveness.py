@@ -36,11 +36,11 @@ def test_the_declaring_rank_beats_on_until_the_end_is_published() -> None:
                 assert time.monotonic() < deadline, "rank 2 was never declared lost"
                 time.sleep(0.01)
             by = int(store.get(p + "by"))
-            beat_at_verdict = store.add(f"{p}hb/{by}", 0)
+            beat_at_verdict = store.add(f"{liveness.BEATS}{by}", 0)
             while not store.check([p + "end"]):
                 assert time.monotonic() < deadline, "the end was never published"
                 time.sleep(0.01)
-            beat_at_end = store.add(f"{p}hb/{by}", 0)
+            beat_at_end = store.add(f"{liveness.BEATS}{by}", 0)
         assert store.get(p + "end") == b"lost"
         assert [w.lost() for w in watches] == [(2,), (2,)]
         assert beat_at_end > beat_at_verdict, (beat_at_verdict, beat_at_end)

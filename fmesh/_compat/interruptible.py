@@ -13,20 +13,25 @@ for seconds when every rank opens one at once): a TCPStore client serializes its
 requests, and a slice holds it, so a ``Gate`` lets the watch's requests in between two
 slices, in turn, instead of leaving that to the client's lock (which the waiting
 thread, taking it again at once, would win).
+
+The module imports no torch (``fmesh.realize`` imports it with the package, so the first
+creating call compiles nothing); the store class is built on first use.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from torch._C._distributed_c10d import Store
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
 
-__all__ = ["Gate", "InterruptibleStore"]
+__all__ = ["Gate", "interruptible_store"]
 
 
 class Gate:
@@ -61,82 +66,110 @@ class Gate:
             yield
 
 
-class InterruptibleStore(Store):
-    """Forwards to ``inner``; waits are cut into slices and end once ``cancelled()``."""
+def interruptible_store(
+    inner: Store,
+    cancelled: Callable[[], bool],
+    slice_s: float,
+    why: str,
+    gate: Gate | None = None,
+) -> Store:
+    """A store that forwards to ``inner``, its waits cut into slices of ``slice_s``
+    seconds that end (``DistNetworkError(why)``) once ``cancelled()``; ``gate``: the
+    turns it takes with other threads on ``inner``."""
+    return _store_class()(inner, cancelled, slice_s, why, gate)
 
-    def __init__(
-        self,
-        inner: Store,
-        cancelled: Callable[[], bool],
-        slice_s: float,
-        why: str,
-        gate: Gate | None = None,
-    ) -> None:
-        super().__init__()
-        self.inner: Any = inner
-        self._cancelled = cancelled
-        self._slice = datetime.timedelta(seconds=slice_s)
-        self._why = why
-        self._gate = gate if gate is not None else Gate()
-        self.set_timeout(cast(Any, inner).timeout)
 
-    def _raise_if_cancelled(self) -> None:
-        import torch.distributed as dist
+@functools.cache
+def _store_class() -> Callable[[Store, Callable[[], bool], float, str, Gate | None], Store]:
+    from torch._C._distributed_c10d import Store
 
-        if self._cancelled():
-            raise dist.DistNetworkError(self._why)
+    class InterruptibleStore(Store):
+        """Forwards to ``inner``; waits are cut into slices, ended once ``cancelled()``."""
 
-    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
-        import torch.distributed as dist
+        def __init__(
+            self,
+            inner: Store,
+            cancelled: Callable[[], bool],
+            slice_s: float,
+            why: str,
+            gate: Gate | None = None,
+        ) -> None:
+            super().__init__()
+            self.inner: Any = inner
+            self._cancelled = cancelled
+            self._slice = datetime.timedelta(seconds=slice_s)
+            self._why = why
+            self._gate = gate if gate is not None else Gate()
+            self.set_timeout(cast(Any, inner).timeout)
+            self._present: frozenset[str] = frozenset()
+            """The keys of the last wait that found them: gloo's rendezvous waits for a
+            key, then gets it; the get need not wait again (one request, not two). Keys
+            are not deleted meanwhile (another client that did would leave that get
+            waiting for the store's own timeout)."""
 
-        limit: datetime.timedelta = self.inner.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit.total_seconds()
-        while True:
-            self._raise_if_cancelled()
-            left = deadline - time.monotonic()
-            step = min(self._slice, datetime.timedelta(seconds=max(left, 0.001)))
-            try:
-                with self._gate.slice():
-                    self.inner.wait(keys, step)
-                return
-            except dist.DistStoreError:
-                if left <= step.total_seconds():
-                    raise
+        def _raise_if_cancelled(self) -> None:
+            import torch.distributed as dist
 
-    def get(self, key: str) -> bytes:
-        self.wait([key])
-        return bytes(self.inner.get(key))
+            if self._cancelled():
+                raise dist.DistNetworkError(self._why)
 
-    def set(self, key: str, value: Any) -> None:
-        self.inner.set(key, value)
+        def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+            import torch.distributed as dist
 
-    def add(self, key: str, value: int) -> int:
-        return int(self.inner.add(key, value))
+            limit: datetime.timedelta = self.inner.timeout if timeout is None else timeout
+            deadline = time.monotonic() + limit.total_seconds()
+            while True:
+                self._raise_if_cancelled()
+                left = deadline - time.monotonic()
+                step = min(self._slice, datetime.timedelta(seconds=max(left, 0.001)))
+                try:
+                    with self._gate.slice():
+                        self.inner.wait(keys, step)
+                    self._present = frozenset(keys)
+                    return
+                except dist.DistStoreError:
+                    if left <= step.total_seconds():
+                        raise
 
-    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        return bytes(self.inner.compare_set(key, expected, desired))
+        def get(self, key: str) -> bytes:
+            if key not in self._present:
+                self.wait([key])
+            return bytes(self.inner.get(key))
 
-    def check(self, keys: list[str]) -> bool:
-        return bool(self.inner.check(keys))
+        def set(self, key: str, value: Any) -> None:
+            self.inner.set(key, value)
 
-    def delete_key(self, key: str) -> bool:
-        return bool(self.inner.delete_key(key))
+        def add(self, key: str, value: int) -> int:
+            return int(self.inner.add(key, value))
 
-    def deleteKey(self, key: str) -> bool:  # the C++ side's name
-        return self.delete_key(key)
+        def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+            return bytes(self.inner.compare_set(key, expected, desired))
 
-    def num_keys(self) -> int:
-        return int(self.inner.num_keys())
+        def check(self, keys: list[str]) -> bool:
+            return bool(self.inner.check(keys))
 
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        self.wait(keys)
-        return [bytes(v) for v in self.inner.multi_get(keys)]
+        def delete_key(self, key: str) -> bool:
+            self._present = self._present - {key}
+            return bool(self.inner.delete_key(key))
 
-    def multi_set(self, keys: list[str], values: list[Any]) -> None:
-        self.inner.multi_set(keys, values)
+        def deleteKey(self, key: str) -> bool:  # the C++ side's name
+            return self.delete_key(key)
 
-    def append(self, key: str, value: Any) -> None:
-        self.inner.append(key, value)
+        def num_keys(self) -> int:
+            return int(self.inner.num_keys())
 
-    def has_extended_api(self) -> bool:
-        return bool(self.inner.has_extended_api())
+        def multi_get(self, keys: list[str]) -> list[bytes]:
+            if not self._present.issuperset(keys):
+                self.wait(keys)
+            return [bytes(v) for v in self.inner.multi_get(keys)]
+
+        def multi_set(self, keys: list[str], values: list[Any]) -> None:
+            self.inner.multi_set(keys, values)
+
+        def append(self, key: str, value: Any) -> None:
+            self.inner.append(key, value)
+
+        def has_extended_api(self) -> bool:
+            return bool(self.inner.has_extended_api())
+
+    return InterruptibleStore

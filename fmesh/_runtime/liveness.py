@@ -1,15 +1,16 @@
 """No rank waits for a dead peer while a realize call creates groups.
 
 From the agreement to the end of a creating call, every rank runs a *watch*: a daemon
-thread that beats (adds 1 to its own key every ``interval``) and reads the beats of
-the peers this rank waits for: the members of the group being created, then, at the
-call's closing barrier, its neighbours in rank order. A peer whose beat stands still
-for ``patience`` seconds is lost: its watcher publishes the verdict under the call's
-keys and cancels the creation's waits (``_compat/interruptible.py``: they wait in
-slices of one ``interval`` and stop at the next), so the blocked torch call raises;
-every other rank's watch sees the verdict at its next beat and does the same. A slow
-peer keeps beating (the thread needs neither its main thread nor its GIL for long), so
-it is never declared lost.
+thread that beats (adds 1 to its rank's key, one per rank for the life of the store,
+every ``interval``, the first after one: a call that ends sooner costs the thread no
+request) and reads the beats of the peers this rank waits for: the members of the
+group being created, then, at the call's closing barrier, its neighbours in rank order.
+A peer whose beat stands still for ``patience`` seconds is lost: its watcher publishes
+the verdict under the call's keys and cancels the creation's waits
+(``_compat/interruptible.py``: they wait in slices of one ``interval`` and stop at the
+next), so the blocked torch call raises; every other rank's watch sees the verdict at
+its next beat and does the same. A slow peer keeps beating (the thread needs neither
+its main thread nor its GIL for long), so it is never declared lost.
 
 The watch opens no connection (a new one can stall the store's server for seconds
 when every rank opens one at once): its thread shares the calling thread's own, taking
@@ -29,6 +30,7 @@ import time
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, cast
 
+from .._compat.interruptible import Gate, interruptible_store
 from .._core.errors import MeshMismatchError, PeerLostError
 from . import agreement as _agree
 from .agreement_records import Ticket, append, wait_get
@@ -39,6 +41,10 @@ if TYPE_CHECKING:
 __all__ = ["Watch", "current", "settings", "start", "store_for_creation", "waiting_for"]
 
 logger = logging.getLogger("fmesh")
+
+BEATS = "fmesh/hb/"
+"""Where each rank's beat lives: one counter per rank for the life of the store, shared
+by its calls (so no call deletes O(world) keys when it ends)."""
 
 INTERVAL = 1.0
 """Seconds between two beats at default settings."""
@@ -84,15 +90,15 @@ class Watch:
         self.ticket = ticket
         self.p = ticket.prefix + "w/"
         self.interval, self.patience = settings(timeout)
-        from .._compat.interruptible import Gate, InterruptibleStore
-
         self._broken = False
+        self._ok = False
+        """``finish()`` read the call's outcome, and it is ``ok``."""
         why = "fmesh: this call was given up (a peer was lost or failed): waiting stopped"
         self._gate = Gate()
         self._keys = _agree.thread_store(ticket.store)
         """This thread's connection: the watch's short requests, from both threads (the
         watch thread takes its turns on it through ``_gate``)."""
-        self.store = InterruptibleStore(
+        self.store = interruptible_store(
             self._keys, lambda: self._broken, self.interval, why, self._gate
         )
         """Where this call's creations and its closing barrier wait: the same
@@ -112,9 +118,11 @@ class Watch:
         seen: dict[int, tuple[int, float]] = {}
         declared: float | None = None
         try:
-            while True:
+            # The first beat after one interval: a call that ends sooner costs the
+            # thread no request (a peer's watchers allow it ``patience``, four beats).
+            while not self._stop.wait(self.interval):
                 with turn():
-                    conn.add(f"{p}hb/{me}", 1)
+                    conn.add(f"{BEATS}{me}", 1)
                     ended = conn.get(p + "end") if conn.check([p + "end"]) else None
                 if ended is not None:
                     if ended != b"ok":
@@ -128,9 +136,8 @@ class Watch:
                 elif now - declared >= 2 * self.interval:
                     # Other watchers had two beats to add the ranks they lost too.
                     with turn():
-                        conn.compare_set(p + "end", "", "lost")
-                    continue
-                if self._stop.wait(self.interval):
+                        if conn.compare_set(p + "end", "", "lost") != b"ok":
+                            self._break()
                     return
         except Exception as err:  # the store is gone: the caller's own wait says so
             logger.debug("fmesh: watch of rank %d stopped: %s", me, err)
@@ -140,7 +147,7 @@ class Watch:
         with self._lock:
             watching = self._watching
         with self._gate.turn():
-            beats = [(r, conn.add(f"{self.p}hb/{r}", 0)) for r in watching]
+            beats = [(r, conn.add(f"{BEATS}{r}", 0)) for r in watching]
         stale = []
         for r, beat in beats:
             last = seen.get(r)
@@ -246,6 +253,9 @@ class Watch:
                     f"{t.where} for ranks that are alive but never finished creating "
                     f"their groups ({t.summary}): {err}"
                 ) from err
+        if conn.get(self.p + "end") == b"ok":
+            self._ok = True
+            return
         found = self.error(doing, "")
         if found is not None:
             raise found
@@ -258,20 +268,23 @@ class Watch:
             self._keys.compare_set(self.p + "end", "", "fail:" + message)
 
     def close(self) -> None:
-        """Stop the thread; the last rank of the call out deletes the call's keys."""
+        """Stop the thread; the last rank of the call out deletes the call's keys (the
+        beats stay: one per rank, shared by every call)."""
         self._stop.set()
         self._thread.join()
         t = self.ticket
         conn = self._keys
         with contextlib.suppress(Exception):
-            verdict = self.verdict()
-            alive = len(t.ranks) - (len(self.lost()) if verdict == "lost" else 0)
+            alive = len(t.ranks)
+            if not self._ok:  # else finish() read the outcome: nobody was lost
+                alive -= len(self.lost()) if self.verdict() == "lost" else 0
             if conn.add(self.p + "gone", 1) >= alive:
-                for r in t.ranks:
-                    conn.delete_key(f"{self.p}hb/{r}")
+                # "lost" and "by" can outlive an "ok": a watcher may declare just after
+                # the last rank's "out" and before it sees the end.
                 for key in ("out", "end", "lost", "by", "gone"):
                     conn.delete_key(self.p + key)
-                conn.delete_key(t.prefix + "failed")
+                if not self._ok:
+                    conn.delete_key(t.prefix + "failed")
 
 
 def _said(cause: object) -> str:
