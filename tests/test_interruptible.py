@@ -91,34 +91,71 @@ def _swallow(store: Store) -> None:
         store.wait(["never"], datetime.timedelta(seconds=30))
 
 
+class _Counting:
+    """A stand-in for the caller's connection: forwards to ``inner``, names each call;
+    ``early`` waits return at once, whether the key exists or not (as torch's store
+    client can after an earlier wait of its timed out)."""
+
+    timeout = datetime.timedelta(seconds=5)
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+        self.early = 0
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
+        self.calls.append("wait")
+        if self.early:
+            self.early -= 1
+            return
+        self.inner.wait(keys, timeout)
+
+    def __getattr__(self, name: str) -> object:
+        self.calls.append(name)
+        return getattr(self.inner, name)
+
+
 def test_a_get_after_a_wait_for_its_key_sends_one_request() -> None:
-    # gloo's rendezvous waits for a key, then gets it: the get does not wait again; a
-    # get of any other key still waits first (in slices, cancellable).
-    inner = memory_store()
-    inner.set_timeout(datetime.timedelta(seconds=5))
-    calls: list[str] = []
-
-    class Counting:
-        timeout = datetime.timedelta(seconds=5)
-
-        def __getattr__(self, name: str) -> object:
-            calls.append(name)
-            return getattr(inner, name)
-
-    store = interruptible_store(
-        cast("Store", Counting()), threading.Event().is_set, 0.05, "given up"
-    )
+    # gloo's rendezvous waits for a key, then gets it: the get reads without waiting
+    # again (one compare_set, where the store's own get waits first); a get of any
+    # other key waits first (in slices, cancellable).
+    conn = _Counting(memory_store())
+    store = interruptible_store(cast("Store", conn), threading.Event().is_set, 0.05, "x")
     store.set("k", "v")
     store.set("other", "w")
-    calls.clear()
+    conn.calls.clear()
     store.wait(["k"])
     assert store.get("k") == b"v"
-    assert calls == ["wait", "get"]
-    calls.clear()
+    assert conn.calls == ["wait", "compare_set"]
+    conn.calls.clear()
     assert store.get("other") == b"w"
-    assert calls == ["wait", "get"]
-    calls.clear()
-    store.delete_key("k")
-    inner.set("k", "again")
-    assert store.get("k") == b"again"
-    assert calls == ["delete_key", "wait", "get"]
+    assert conn.calls == ["wait", "compare_set"]
+
+
+def test_a_wait_that_returns_before_its_key_exists_is_waited_again() -> None:
+    # The get neither returns a value that is not there nor blocks uncancellably: it
+    # finds the key missing and waits again, in slices, until it is set.
+    conn = _Counting(memory_store())
+    store = interruptible_store(cast("Store", conn), threading.Event().is_set, 0.05, "x")
+    conn.early = 1
+    threading.Timer(0.3, conn.inner.set, ("late", "v")).start()
+    start = time.monotonic()
+    assert store.get("late") == b"v"
+    assert time.monotonic() - start >= 0.25
+    assert conn.calls[:2] == ["wait", "compare_set"]
+    assert conn.calls.count("wait") >= 2
+
+
+def test_wait_get_waits_again_after_a_wait_that_returned_early() -> None:
+    # The protocol's reads (the closing barrier's outcome, a verdict) get the same care.
+    from fmesh._runtime.agreement_records import wait_get
+
+    conn = _Counting(memory_store())
+    conn.early = 2
+    threading.Timer(0.3, conn.inner.set, ("end", "ok")).start()
+    assert wait_get(cast("Store", conn), "end", 5.0) == b"ok"
+    assert conn.calls.count("wait") >= 3
+    conn.early = 1
+    start = time.monotonic()
+    assert wait_get(cast("Store", conn), "never", 0.3) is None
+    assert 0.25 <= time.monotonic() - start < 2.0

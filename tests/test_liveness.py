@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import datetime
 import time
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from fmesh._compat import memory_store
+from fmesh._compat.interruptible import peek
 from fmesh._runtime import liveness
 from fmesh._runtime.agreement_records import Record, Ticket
 
@@ -50,3 +55,31 @@ def test_the_declaring_rank_beats_on_until_the_end_is_published() -> None:
     finally:
         for w in watches:
             w.close()
+
+
+def _store(kind: str, tmp: Path) -> Any:
+    import torch.distributed as dist
+
+    d: Any = dist  # TCPStore, FileStore, PrefixStore: implicit re-exports
+    if kind == "hash":
+        return memory_store()
+    if kind == "file":
+        return d.FileStore(str(tmp / "store"), 1)
+    tcp = d.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    return tcp if kind == "tcp" else d.PrefixStore("default_pg", tcp)
+
+
+@pytest.mark.parametrize("kind", ["hash", "tcp", "file", "prefix"])
+def test_peek_reads_a_key_without_waiting_and_never_creates_one(
+    kind: str, tmp_path: Path
+) -> None:
+    # The watch reads a call's outcome with one request (a get would wait first).
+    store = _store(kind, tmp_path)
+    assert peek(store, "missing") is None
+    assert not store.check(["missing"])
+    store.set("end", "ok")
+    assert peek(store, "end") == b"ok"
+    assert store.get("end") == b"ok"
+    assert store.add("n", 3) == 3
+    assert peek(store, "n") == b"3"
+    assert store.add("n", 0) == 3

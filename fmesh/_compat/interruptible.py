@@ -31,7 +31,20 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
 
-__all__ = ["Gate", "interruptible_store"]
+__all__ = ["Gate", "interruptible_store", "peek"]
+
+_ABSENT = "\x00"
+"""A value no key of fmesh or of a rendezvous holds."""
+
+
+def peek(store: Store, key: str) -> bytes | None:
+    """The value of ``key``, or ``None`` if it does not exist, in one request and
+    without waiting: a ``compare_set`` that expects a value no key holds changes
+    nothing and answers the key's value (or, for a missing key, what it expected). A
+    ``get`` waits for the key first: two requests on a TCPStore, and a missing key
+    blocks it, uncancellably, up to the store's timeout."""
+    raw = bytes(store.compare_set(key, _ABSENT, _ABSENT))
+    return None if raw == _ABSENT.encode() else raw
 
 
 class Gate:
@@ -103,9 +116,7 @@ def _store_class() -> Callable[[Store, Callable[[], bool], float, str, Gate | No
             self.set_timeout(cast(Any, inner).timeout)
             self._present: frozenset[str] = frozenset()
             """The keys of the last wait that found them: gloo's rendezvous waits for a
-            key, then gets it; the get need not wait again (one request, not two). Keys
-            are not deleted meanwhile (another client that did would leave that get
-            waiting for the store's own timeout)."""
+            key, then gets it; the get need not wait again (one request, not three)."""
 
         def _raise_if_cancelled(self) -> None:
             import torch.distributed as dist
@@ -132,9 +143,17 @@ def _store_class() -> Callable[[Store, Callable[[], bool], float, str, Gate | No
                         raise
 
         def get(self, key: str) -> bytes:
-            if key not in self._present:
+            # Read without waiting once a wait found the key, and wait again (in
+            # slices) if it is not there: torch's store client can return from a
+            # wait before its key exists (seen after an earlier wait of the same
+            # client timed out), and its own get would then block uncancellably.
+            while True:
+                if key in self._present:
+                    raw = peek(self.inner, key)
+                    if raw is not None:
+                        return raw
+                    self._present = frozenset()
                 self.wait([key])
-            return bytes(self.inner.get(key))
 
         def set(self, key: str, value: Any) -> None:
             self.inner.set(key, value)
@@ -159,8 +178,7 @@ def _store_class() -> Callable[[Store, Callable[[], bool], float, str, Gate | No
             return int(self.inner.num_keys())
 
         def multi_get(self, keys: list[str]) -> list[bytes]:
-            if not self._present.issuperset(keys):
-                self.wait(keys)
+            self.wait(keys)
             return [bytes(v) for v in self.inner.multi_get(keys)]
 
         def multi_set(self, keys: list[str], values: list[Any]) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol, cast, final
 
 import attrs
 
+from .._compat.interruptible import peek
 from .._core.errors import MeshMismatchError
 
 if TYPE_CHECKING:
@@ -139,16 +140,27 @@ def _finish(conn: Store, ticket: Ticket) -> None:
 
 
 def wait_get(conn: Store, key: str, seconds: float) -> bytes | None:
-    """The value of ``key`` once it exists, waiting at most ``seconds`` (0: no wait)."""
+    """The value of ``key`` once it exists, waiting at most ``seconds`` (0: no wait).
+
+    Each wait is followed by a read that does not wait, and waited again if that finds
+    nothing: torch's store client can return from a wait before its key exists (seen
+    after an earlier wait of the same client timed out)."""
     import torch.distributed as dist
 
     if seconds <= 0:
-        return conn.get(key) if conn.check([key]) else None
-    try:
-        conn.wait([key], datetime.timedelta(seconds=seconds))
-    except dist.DistStoreError:
-        return None
-    return conn.get(key)
+        return peek(conn, key)
+    deadline = time.monotonic() + seconds
+    left = seconds
+    while left > 0:
+        try:
+            conn.wait([key], datetime.timedelta(seconds=left))
+        except dist.DistStoreError:
+            return None
+        raw = peek(conn, key)
+        if raw is not None:
+            return raw
+        left = deadline - time.monotonic()
+    return None
 
 
 # -- mismatch ---------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import time
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, cast
 
-from .._compat.interruptible import Gate, interruptible_store
+from .._compat.interruptible import Gate, interruptible_store, peek
 from .._core.errors import MeshMismatchError, PeerLostError
 from . import agreement as _agree
 from .agreement_records import Ticket, append, wait_get
@@ -123,7 +123,7 @@ class Watch:
             while not self._stop.wait(self.interval):
                 with turn():
                     conn.add(f"{BEATS}{me}", 1)
-                    ended = conn.get(p + "end") if conn.check([p + "end"]) else None
+                    ended = peek(conn, p + "end")
                 if ended is not None:
                     if ended != b"ok":
                         self._break()
@@ -241,24 +241,23 @@ class Watch:
             conn.compare_set(self.p + "end", "", "ok")
         i = ranks.index(t.rank)
         doing = "waiting for the other ranks to finish creating their groups"
+        seconds = timeout.total_seconds()
+        cause: object = f"no outcome after {seconds:g}s"
         with self.waiting_for({ranks[(i - 1) % n], ranks[(i + 1) % n]} - {t.rank}):
             try:
-                self.store.wait([self.p + "end"], timeout)
-            except dist.DistError as err:
-                found = self.error(doing, err)
-                if found is not None:
-                    raise found from None
-                raise MeshMismatchError(
-                    f"rank {t.rank} waited {timeout.total_seconds():g}s at the end of "
-                    f"{t.where} for ranks that are alive but never finished creating "
-                    f"their groups ({t.summary}): {err}"
-                ) from err
-        if conn.get(self.p + "end") == b"ok":
-            self._ok = True
-            return
-        found = self.error(doing, "")
+                outcome = wait_get(self.store, self.p + "end", seconds)
+            except dist.DistError as err:  # given up: a peer was lost or failed
+                outcome, cause = None, err
+            if outcome == b"ok":
+                self._ok = True
+                return
+            found = self.error(doing, "" if outcome is not None else cause)
         if found is not None:
-            raise found
+            raise found from None
+        raise MeshMismatchError(
+            f"rank {t.rank} waited {seconds:g}s at the end of {t.where} for ranks that "
+            f"are alive but never finished creating their groups ({t.summary}): {cause}"
+        )
 
     def fail(self, err: BaseException) -> None:
         """This rank gives up on the call (not for a lost peer): wake the others."""
