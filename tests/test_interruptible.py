@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from fmesh._compat import memory_store  # torch's HashStore
 from fmesh._compat.interruptible import Gate, interruptible_store
+from fmesh._runtime.agreement_records import wait_get
 
 if TYPE_CHECKING:
     from fmesh._compat import Store
@@ -148,8 +149,6 @@ def test_a_wait_that_returns_before_its_key_exists_is_waited_again() -> None:
 
 def test_wait_get_waits_again_after_a_wait_that_returned_early() -> None:
     # The protocol's reads (the closing barrier's outcome, a verdict) get the same care.
-    from fmesh._runtime.agreement_records import wait_get
-
     conn = _Counting(memory_store())
     conn.early = 2
     threading.Timer(0.3, conn.inner.set, ("end", "ok")).start()

@@ -3,9 +3,10 @@
 fmesh supports torch 2.11 through 2.15. The rest of the package calls these small typed
 functions and torch's public API only; ``tests/test_static.py`` fails if a private torch
 name appears outside this package. ``c10d.py``: process groups and stores;
-``interruptible.py``: a store whose waits another thread can cancel (imported where
-used: it imports torch); ``dtensor.py``: DTensor placements; ``mesh.py``: DeviceMesh;
-``hook.py``: the routing of torch's DeviceMesh methods (and the environment switches).
+``interruptible.py``: a store whose waits another thread can cancel, and ``peek``, a
+read that never waits (it imports no torch until a store is made); ``dtensor.py``:
+DTensor placements; ``mesh.py``: DeviceMesh; ``hook.py``: the routing of torch's
+DeviceMesh methods (and the environment switches).
 """
 
 from typing import TYPE_CHECKING

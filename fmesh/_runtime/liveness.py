@@ -192,7 +192,7 @@ class Watch:
         import torch.distributed as dist
 
         try:
-            raw = wait_get(self.store if wait > 0 else self._keys, self.p + "end", wait)
+            raw = wait_get(self.store, self.p + "end", wait)
         except dist.DistNetworkError:  # given up meanwhile: the outcome is there
             raw = wait_get(self._keys, self.p + "end", 0.0)
         return None if raw is None else raw.decode()
