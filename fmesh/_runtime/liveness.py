@@ -338,10 +338,16 @@ def waiting_for(
 def store_for_creation(store: Store, backend: str) -> Store:
     """The store a group creation should wait in: the current watch's interruptible
     one (gloo's rendezvous ends with its constructor), else this thread's own
-    connection. NCCL keeps its store for threads of its own (its monitor checks it
-    while the group lives), which must not call into Python: an eager NCCL group's
-    unique-id exchange is not cut short, and raises ``PeerLostError`` at its timeout."""
+    connection. torch's legacy NCCL backend keeps its store for threads of its own (its
+    watchdog and monitor read it while the group lives), which must not call into
+    Python: its unique-id exchange is not cut short, and raises ``PeerLostError`` at
+    its timeout. torch 2.15's nccl2 reads its store only while it is created: it waits
+    in the watch's store (``docs/design/nccl.md``)."""
+    from .._compat.nccl import creation_waits_in_given_store
+
     watch = current()
-    if watch is not None and "nccl" not in backend.lower():
+    # NCCL (issue 33, item 6): the one point where a NCCL creation meets the watch.
+    nccl = "nccl" in backend.lower()
+    if watch is not None and (not nccl or creation_waits_in_given_store(backend)):
         return watch.store
     return _agree.thread_store(store)

@@ -1,0 +1,151 @@
+"""NCCL group creation under a watch, without a GPU (``docs/design/nccl.md``).
+
+Which NCCL implementation makes a group (torch 2.15's nccl2 or the legacy backend)
+decides whether its unique-id exchange may wait in the watch's store. In-process, on
+torch's ``HashStore``: a rank whose group root never publishes the id waits the way
+torch 2.15's ``NCCLBootstrap`` does (a C++ ``PrefixStore`` over the store it was given:
+``wait(keys, timeout)``, then ``multi_get``); the watch ends that wait once it finds the
+root lost on the nccl2 path, and leaves it to torch's timeout on the legacy one. The
+real backends need GPUs: ``tests/gpu_job.py --creation``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch.distributed as dist
+
+from fmesh import PeerLostError
+from fmesh._compat import memory_store, nccl
+from fmesh._runtime import liveness
+from fmesh._runtime.agreement_records import Record, Ticket
+
+if TYPE_CHECKING:
+    from fmesh._compat import Store
+
+PrefixStore: Any = dist.PrefixStore  # type: ignore[attr-defined]  # implicit re-export
+
+
+@pytest.fixture
+def torch_215(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pretend to run torch 2.15 (its NCCL backend not registered yet)."""
+    monkeypatch.setattr(nccl, "_version", lambda: (2, 15))
+    monkeypatch.delenv("TORCH_DIST_USE_NCCL2", raising=False)
+    monkeypatch.delitem(dist.Backend._plugins, "NCCL", raising=False)
+
+
+@pytest.fixture
+def torch_213(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nccl, "_version", lambda: (2, 13))
+
+
+# -- which backend -------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("torch_213")
+def test_before_215_every_nccl_group_is_legacy_and_waits_in_a_plain_store() -> None:
+    for name in ("nccl", "cuda:nccl", "cpu:gloo,cuda:nccl", "nccl-legacy"):
+        assert nccl.flavor(name) == "legacy", name
+        assert not nccl.creation_waits_in_given_store(name), name
+    assert nccl.flavor("nccl2") is None  # no such backend before 2.15
+    assert nccl.flavor("gloo") is None
+
+
+@pytest.mark.usefixtures("torch_215")
+def test_on_215_nccl_is_nccl2_unless_torch_was_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("nccl", "cpu:gloo,cuda:nccl", "nccl2"):
+        assert nccl.creation_waits_in_given_store(name), name
+    assert nccl.flavor("nccl-legacy") == "legacy"
+    assert nccl.flavor("nccl-lazy") is None  # unknown: kept on a plain store
+    assert not nccl.creation_waits_in_given_store("nccl-lazy")
+    monkeypatch.setenv("TORCH_DIST_USE_NCCL2", "0")  # torch reads it when it registers
+    assert nccl.flavor("nccl") == "legacy"
+    assert nccl.flavor("nccl2") == "nccl2"
+
+
+@pytest.mark.usefixtures("torch_215")
+def test_on_215_what_torch_registered_for_nccl_decides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def _create_nccl_process_group() -> None: ...
+
+    def _create_nccl2_process_group() -> None: ...
+
+    monkeypatch.setenv("TORCH_DIST_USE_NCCL2", "0")  # read at registration, not now
+    plugin = SimpleNamespace(creator_fn=_create_nccl2_process_group)
+    monkeypatch.setitem(dist.Backend._plugins, "NCCL", plugin)
+    assert nccl.flavor("nccl") == "nccl2"
+    plugin.creator_fn = _create_nccl_process_group
+    assert nccl.flavor("nccl") == "legacy"
+
+
+# -- the unique-id exchange under a watch ----------------------------------------------------
+
+PATIENCE_TIMEOUT = datetime.timedelta(seconds=1)
+"""The call's timeout: patience 1 s, a beat every 0.25 s (``liveness.settings``)."""
+
+
+def _bootstrap_wait(store: Store, wait_s: float) -> list[bytes]:
+    """What torch 2.15's ``NCCLBootstrap::exchangeUniqueIds`` does on a non-root rank,
+    in the store its group was given."""
+    prefixed = PrefixStore("fmesh_g0_test", store)
+    keys = ["nccl_storekey_0"]
+    prefixed.wait(keys, datetime.timedelta(seconds=wait_s))
+    return [bytes(v) for v in prefixed.multi_get(keys)]
+
+
+def _creating(
+    backend: str, root_alive: bool, wait_s: float
+) -> tuple[BaseException | None, float]:
+    """Rank 1 of a call over ranks (0, 1) waits for the NCCL id of rank 0, the group's
+    root, which publishes it after 0.5 s or, dead, never beats. (error, seconds)."""
+    store = memory_store()
+    store.set_timeout(datetime.timedelta(seconds=60))
+    ticket = Ticket(store, 1, (0, 1), "t/", "realize call #1", lambda: Record(1, 0, "m", ""))
+    watch = liveness.Watch(ticket, PATIENCE_TIMEOUT)
+    if root_alive:
+        root = PrefixStore("fmesh_g0_test", store)
+        threading.Timer(0.5, root.set, ("nccl_storekey_0", b"id")).start()
+    start = time.monotonic()
+    try:
+        with liveness.active(watch), watch.waiting_for({0}):
+            given = liveness.store_for_creation(store, backend)
+            assert _bootstrap_wait(given, wait_s) == [b"id"]
+        return None, time.monotonic() - start
+    except Exception as err:
+        found = watch.error("creating the group [0, 1]", err)
+        return (found if found is not None else err), time.monotonic() - start
+    finally:
+        watch.close()
+
+
+@pytest.mark.usefixtures("torch_215")
+def test_on_215_a_dead_root_ends_the_id_exchange_with_peer_lost_in_seconds() -> None:
+    err, took = _creating("nccl", root_alive=False, wait_s=60.0)
+    assert isinstance(err, PeerLostError), err
+    assert err.lost == (0,)
+    assert "rank(s) [0] died" in str(err)
+    assert took < 30.0  # patience 1 s; generous for a loaded machine
+
+
+@pytest.mark.usefixtures("torch_215")
+def test_on_215_a_live_root_s_id_arrives_through_the_watch_store() -> None:
+    err, took = _creating("nccl", root_alive=True, wait_s=60.0)
+    assert err is None, err
+    assert took < 30.0
+
+
+@pytest.mark.usefixtures("torch_213")
+def test_legacy_nccl_waits_for_torchs_timeout_not_the_watch() -> None:
+    # The watch gives the call up after ~1.5 s; the legacy exchange is not cut short.
+    err, took = _creating("nccl", root_alive=False, wait_s=6.0)
+    assert isinstance(err, PeerLostError), err  # the verdict explains it
+    assert "torch said: wait timeout" in str(err).lower(), err  # the store's own timeout
+    assert took >= 5.5, took
