@@ -80,3 +80,43 @@ def test_destroy_then_realize_again(facts: dict[str, Any]) -> None:
     assert d["live_before"] >= 1 and d["live_after"] >= 1
     assert d["new_group"] is True
     assert all(got["cpu"] == 1 for got in d["collectives"].values())
+
+
+@pytest.fixture(scope="module")
+def creation() -> dict[str, Any]:
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "gpu_job.py"), "--creation"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("CREATION "))
+    out: dict[str, Any] = json.loads(line.removeprefix("CREATION "))
+    print(json.dumps(out, indent=1))  # the GIL facts are read, not asserted
+    return out
+
+
+def test_fmesh_names_the_nccl_backend_torch_made(facts: dict[str, Any]) -> None:
+    expected = {"ProcessGroupNCCL": "legacy", "ProcessGroupNCCL2": "nccl2"}
+    assert expected.get(facts["world_nccl_class"]) == facts["fmesh_flavor"], facts
+
+
+def test_a_missing_root_ends_each_id_exchange_as_the_design_page_says(
+    creation: dict[str, Any],
+) -> None:
+    cases = {c["case"]: c for c in creation["cases"]}
+    legacy = cases["legacy_plain"]
+    assert legacy.get("error") and "ncclUniqueId" in legacy["error"], legacy
+    assert 4.0 <= legacy["seconds"] < 60.0, legacy  # the store's timeout (5 s)
+    if cases["nccl2_plain"].get("absent"):
+        pytest.skip(f"no nccl2 in torch {creation['torch']}")
+    plain, watched = cases["nccl2_plain"], cases["nccl2_watch"]
+    assert plain.get("error") and 4.0 <= plain["seconds"] < 60.0, plain  # group timeout
+    assert watched.get("error") and "given up by the watch" in watched["error"], watched
+    assert watched["seconds"] < 15.0, watched  # cancelled at 2 s, not at 60 s
