@@ -10,13 +10,22 @@ group creation stays in step.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import pickle
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Facts", "answers", "init_errors", "num_groups", "operations", "outcome"]
+__all__ = [
+    "Facts",
+    "answers",
+    "init_errors",
+    "init_inputs",
+    "num_groups",
+    "operations",
+    "outcome",
+]
 
 Facts = dict[str, Any]
 
@@ -161,4 +170,45 @@ def init_errors(init: Callable[..., Any], world: int) -> Facts:
             out[name] = (tuple(c.__name__ for c in type(err).__mro__), str(err))
         else:
             out[name] = None
+    return out
+
+
+def init_inputs(init: Callable[..., Any], world: int, options: Any) -> Facts:
+    """How ``init`` answers odd inputs on a fake world of ``world`` ranks (a multiple
+    of 8): a mesh's device type, coordinate and group sizes where it accepts them, else
+    the exception's class names, most derived first. ``options``: backend options of
+    the fake backend."""
+    shape, names = (8, world // 8), ("a", "b")
+    devices = ("bogus", "CPU", "Cuda", "meta")
+    overrides: dict[str, object] = {
+        "one-item tuple": ("fake",),
+        "three-item tuple": ("fake", None, 1),
+        "int": 5,
+        "None": None,
+        "pair with None options": ("fake", None),
+        "pair with None backend": (None, options),
+        "pair of None": (None, None),
+        "list pair": ["fake", options],
+        "empty name": "",
+        "bytes in a pair": (b"fake", None),
+        "unknown backend": "nosuch",
+        "unknown backend in a pair": ("nosuch", None),
+    }
+    cases: dict[str, Callable[[], Any]] = {
+        f"device {d!r}": functools.partial(init, d, shape, mesh_dim_names=names)
+        for d in devices
+    }
+    for tag, value in overrides.items():
+        cases[f"backend_override {tag}"] = functools.partial(
+            init, "cpu", shape, mesh_dim_names=names, backend_override={0: value}
+        )
+    out: Facts = {}
+    for name, fn in cases.items():
+        try:
+            dm = fn()
+        except Exception as err:  # compared between the two
+            out[name] = ("raises", tuple(c.__name__ for c in type(err).__mro__))
+        else:
+            sizes = tuple(g.size() for g in dm.get_all_groups())
+            out[name] = (dm.device_type, dm.get_coordinate(), sizes)
     return out

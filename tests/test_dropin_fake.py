@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from _compare import no_more_groups, results
 from _dist import run_spawn
-from dropin_facts import Facts, answers, init_errors, num_groups, operations
+from dropin_facts import Facts, answers, init_errors, init_inputs, num_groups, operations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import build_chain, derived_specs
@@ -85,6 +85,12 @@ def fake_job(_: int, __: int) -> Facts:
         "fmesh": init_errors(init_device_mesh, WORLD),
     }
     out["override"] = _override(torch_init, init_device_mesh)
+    fake_pg: Any = importlib.import_module("torch.testing._internal.distributed.fake_pg")
+    opts = fake_pg.FakeProcessGroup.Options()
+    out["inputs"] = {
+        "torch": init_inputs(torch_init, WORLD, opts),
+        "fmesh": init_inputs(init_device_mesh, WORLD, opts),
+    }
     realized = fmesh.realize(fmesh.make_mesh({"a": 8, "b": 8}))
     out["to_device_mesh_cuda"] = realized.to_device_mesh("cuda").device_type
     fmesh.destroy()
@@ -164,6 +170,39 @@ def test_backend_override_by_index_and_name_with_options(fake: Facts) -> None:
     assert fake["override"]["fmesh"] == fake["override"]["torch"]
     assert [o for _, o in fake["override"]["fmesh"]] == [None, 42, 42]
     assert {name for name, _ in fake["override"]["fmesh"]} == {"FakeProcessGroup"}
+
+
+LISTED_INPUT_DIFFERENCES = {
+    # torch's group constructor raises AssertionError ("Unknown backend type"); fmesh
+    # refuses before any group with an fmesh.MeshError (a ValueError) naming the
+    # backends it knows. Listed on docs/device-mesh.md.
+    "backend_override unknown backend": ("AssertionError", "MeshError"),
+    "backend_override unknown backend in a pair": ("AssertionError", "MeshError"),
+}
+
+
+def test_odd_inputs_are_taken_or_refused_as_torch(fake: Facts) -> None:
+    """Where torch accepts an input the drop-in gives the same mesh; where torch
+    raises, the drop-in's error is an instance of torch's class; the two exceptions
+    are the differences docs/device-mesh.md lists."""
+    theirs, ours = fake["inputs"]["torch"], fake["inputs"]["fmesh"]
+    assert theirs.keys() == ours.keys()
+    for case, torch_got in theirs.items():
+        got = ours[case]
+        if case in LISTED_INPUT_DIFFERENCES:
+            want_torch, want_ours = LISTED_INPUT_DIFFERENCES[case]
+            assert torch_got[0] == "raises" and torch_got[1][0] == want_torch, case
+            assert got[0] == "raises" and want_ours in got[1], (case, got)
+            assert "AssertionError" not in got[1], (case, got)
+        elif torch_got[0] == "raises":
+            assert got[0] == "raises" and torch_got[1][0] in got[1], (case, torch_got, got)
+        else:
+            assert got == torch_got, (case, torch_got, got)
+    accepted = {c for c, v in theirs.items() if v[0] != "raises"}
+    # The inputs of issue 33 that torch takes: every device type, pairs with None.
+    assert {"device 'bogus'", "device 'CPU'", "backend_override pair of None"} <= accepted
+    assert theirs["backend_override one-item tuple"][1][0] == "ValueError"
+    assert theirs["backend_override int"][1][0] == "TypeError"
 
 
 def test_a_trainer_sized_dry_run(fake: Facts) -> None:

@@ -104,8 +104,10 @@ class DeviceMeshError(MeshError, RuntimeError):
 @final
 class DeviceMeshTypeError(MeshError, TypeError):
     """``fmesh.device_mesh.init_device_mesh`` was given a ``mesh_shape`` entry that is
-    not an int (a float, a str, a bool), where torch raises ``ValueError``. A
-    ``MeshError`` (so a ``ValueError``) and a ``TypeError``: ``except`` clauses written
-    for torch, or for a wrong argument type, catch it."""
+    not an int (a float, a str, a bool), where torch raises ``ValueError``, or a
+    ``backend_override`` value that is no backend, options or pair of them, where
+    torch's unpacking raises ``ValueError`` or ``TypeError``. A ``MeshError`` (so a
+    ``ValueError``) and a ``TypeError``: ``except`` clauses written for torch, or for
+    a wrong argument type, catch it."""
 
     __module__ = "fmesh.device_mesh"

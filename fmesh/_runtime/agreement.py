@@ -2,7 +2,8 @@
 
 Ranks that disagree, stall, die or skip a call get a ``MeshMismatchError``,
 never a hang; a call that agrees costs each rank about as much of the store as torch's
-own barrier. The protocol: ``docs/design/agreement-protocol.md``.
+own barrier. A late rank is waited for up to the timeout, with a warning each minute
+(``arrivals.py``). The protocol: ``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import TYPE_CHECKING, cast
 
 from .._core.errors import MeshMismatchError
 from . import agreement_records as _disagree
-from .agreement_records import POISON, Record, Ticket, append, read_done, wait_get
+from .agreement_records import CENSUS, POISON, Record, Ticket, append, wait_get
+from .arrivals import wait_done
 from .hooks import on_reset
 
 if TYPE_CHECKING:
@@ -140,19 +142,17 @@ def agree(
     conn = _conn(store)
     try:
         s = conn.add(prefix + "n", w)
-        if s == n * w:  # the last of n ranks with the same code
+        if s >= POISON:
+            raise _disagree.late(conn, ticket)
+        # CENSUS: a rank waited long and opened the list of arrivals (arrivals.py).
+        weights = s % CENSUS
+        if weights == n * w:  # the last of n ranks with the same code
             conn.add(prefix + "done", 1)
             conn.delete_key(prefix + "n")
             return ticket
-        if s >= POISON:
-            raise _disagree.late(conn, ticket)
-        if s % w or s > n * w:
+        if weights % w or weights > n * w:
             raise _disagree.mismatch(conn, ticket)
-        try:
-            conn.wait([prefix + "done"], timeout)
-        except dist.DistStoreError:
-            return _disagree.timed_out(conn, ticket, w, timeout)
-        return read_done(conn, ticket)
+        return wait_done(conn, ticket, w, timeout, listing=s >= CENSUS)
     except dist.DistError as err:
         raise _store_error(ticket, err) from err
 

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ABORT",
+    "CENSUS",
+    "LISTED",
     "POISON",
     "Record",
     "Ticket",
@@ -38,8 +40,28 @@ POISON = 1 << 60
 """Added to ``P+"n"`` by a timeout coordinator: no sum of weights reaches it."""
 ABORT = 1 << 40
 """Added to ``P+"done"`` to abort a call: more than any count of readers."""
+CENSUS = 1 << 59
+"""Added to ``P+"n"`` once, by the rank that opens the list of arrivals ``P+"arr"``
+after waiting a while (``arrivals.py``): a rank that arrives later reads it in its sum
+and lists itself. Above any sum of weights, below ``POISON``."""
+LISTED = 1 << 30
+"""Added to ``P+"done"`` with its read by the rank that opened ``P+"arr"``: the last
+reader then removes the list. Above any count of readers, far below ``ABORT``."""
 
-_KEYS = ("n", "done", "mm", "other", "to", "who", "wc", "verdict", "fin", "failed")
+_KEYS = (
+    "n",
+    "done",
+    "mm",
+    "other",
+    "to",
+    "who",
+    "wc",
+    "verdict",
+    "fin",
+    "failed",
+    "arr",
+    "late",
+)
 _MAX_SUMMARY = 2000
 _MAX_LISTED = 32
 """Missing ranks named one by one in a verdict; the rest are counted."""
@@ -122,12 +144,16 @@ def append(store: Store, key: str, value: str) -> None:
     cast("Untyped", store).append(key, value)
 
 
-def read_done(conn: Store, ticket: Ticket) -> Ticket:
-    """Count this rank as having read the outcome; raise if the call was aborted."""
-    r = conn.add(ticket.prefix + "done", 1)
+def read_done(conn: Store, ticket: Ticket, opened: bool = False) -> Ticket:
+    """Count this rank as having read the outcome; raise if the call was aborted.
+    ``opened``: this rank opened the list of arrivals (the last reader removes it)."""
+    r = conn.add(ticket.prefix + "done", 1 + LISTED if opened else 1)
     if r < ABORT:
-        if r == len(ticket.ranks):
+        if r % LISTED == len(ticket.ranks):
             conn.delete_key(ticket.prefix + "done")
+            if r >= LISTED:
+                conn.delete_key(ticket.prefix + "arr")
+                conn.delete_key(ticket.prefix + "late")
         return ticket
     raise _aborted(conn, ticket)
 
@@ -216,22 +242,25 @@ def _explain(conn: Store, ticket: Ticket, first: Record) -> MeshMismatchError:
 # -- timeout ----------------------------------------------------------------------------
 
 
-def timed_out(conn: Store, ticket: Ticket, w: int, timeout: datetime.timedelta) -> Ticket:
-    """This rank waited ``timeout``: coordinate the abort, or follow whoever does."""
+def timed_out(
+    conn: Store, ticket: Ticket, w: int, timeout: datetime.timedelta, opened: bool = False
+) -> Ticket:
+    """This rank waited ``timeout``: coordinate the abort, or follow whoever does.
+    ``opened``: as for ``read_done``."""
     p, n = ticket.prefix, len(ticket.ranks)
     me = f"T{ticket.rank}"
     if conn.compare_set(p + "to", "", me).decode() != me:
         # Another waiter coordinates (or found the call complete): its outcome.
         if wait_get(conn, p + "done", 2 * _grace(n)) is None:
             raise _verdict(conn, ticket, 0.0, late=False)
-        return read_done(conn, ticket)
-    s = conn.add(p + "n", POISON) - POISON
+        return read_done(conn, ticket, opened)
+    s = (conn.add(p + "n", POISON) - POISON) % CENSUS
     if s in (0, n * w):  # the last rank arrived meanwhile: the call succeeded
         if s == 0:
             conn.delete_key(p + "n")  # it was deleted; the poison re-created it
         conn.delete_key(p + "to")
         conn.wait([p + "done"], datetime.timedelta(seconds=_grace(n)))
-        return read_done(conn, ticket)
+        return read_done(conn, ticket, opened)
     conn.add(p + "done", ABORT)
     if s % w:
         raise _aborted(conn, ticket)  # a mismatch is being reported

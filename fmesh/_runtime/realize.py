@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .._compat import live_groups
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["realize"]
 
 logger = logging.getLogger("fmesh")
-
-DEFAULT_CHECK_TIMEOUT = datetime.timedelta(minutes=5)
 
 
 def realize(
@@ -72,10 +70,13 @@ def realize(
         options: backend options (e.g. ``ProcessGroupNCCL.Options``), global or as a
             mapping from axis name to options.
         timeout: how long group creation and the cross-rank agreement may wait for
-            peers (default: torch's backend timeout for creation, 5 minutes for the
-            agreement). Groups fmesh creates keep it as their collective timeout, so
-            it is part of a group's identity: the same mesh realized with another
-            timeout (or none) gets groups of its own.
+            peers. Default: torch's default timeout for the call's backend, as torch's
+            own ``new_group`` waits for a late rank (30 minutes for gloo, 10 for NCCL;
+            the longest where axes have different backends); a rank waiting longer
+            than a minute logs a warning each minute on the ``fmesh`` logger, naming
+            the ranks not there yet. Groups fmesh creates keep it as their collective
+            timeout, so it is part of a group's identity: the same mesh realized with
+            another timeout (or none) gets groups of its own.
         check: agree with every rank even if the call creates nothing (debugging;
             every rank must pass it for the same call). ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
             does this for every call.
@@ -188,7 +189,7 @@ def _realize_new(args: Arguments) -> RealizedMesh:
             ranks=call.ranks,
             code=turn.code,
             record=lambda: _agree.Record(me, turn.code, str(summary), turn.history),
-            timeout=timeout or DEFAULT_CHECK_TIMEOUT,
+            timeout=timeout or _torch_timeout(call.requests, world),
             prefix=(
                 f"{_agree.KEY_ROOT}{call.generation}/"
                 f"{stream_key(args.stream_name)}/{call.turn.number}/"
@@ -248,6 +249,15 @@ def _realize_new(args: Arguments) -> RealizedMesh:
         (time.perf_counter() - start) * 1e3,
     )
     return realized
+
+
+def _torch_timeout(requests: Sequence[AxisRequest], world: World) -> datetime.timedelta:
+    """How long torch's ``new_group`` waits for a late rank without a timeout: its
+    default for the backend (the longest of the call's backends)."""
+    from .._compat import default_timeout
+
+    backends = {r.backend for r in requests} or {world.backend}
+    return max(default_timeout(b) for b in backends)
 
 
 def _axis_group(

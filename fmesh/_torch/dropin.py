@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._core.errors import DeviceMeshError, DeviceMeshTypeError, MeshError
 from .._core.mesh import Mesh, make_mesh
-from .._runtime.checks import check_device_type, check_timeout
+from .._runtime.checks import check_backend, check_device_type, check_timeout
 from .._runtime.groups import describing_groups
 from .._runtime.launch import ensure_default_group
 from .._runtime.realize import realize
@@ -59,12 +59,14 @@ def init_device_mesh(
         mesh_shape: the size of each dim.
         mesh_dim_names: one unique name per dim, or ``None`` for an unnamed mesh.
         backend_override: per dim (by index, or by name when named): a backend name,
-            backend options, or both as ``(backend, options)``; other dims use the
-            default group's backend.
+            backend options, or both as ``(backend, options)`` (either ``None``);
+            other dims use the default group's backend.
         timeout: fmesh's keyword (torch has none): the timeout of every group of this
             mesh and of the meshes torch's methods derive from it (``_flatten``,
             ``_unflatten``, slicing, FSDP2's post-forward mesh), and of fmesh's
-            agreement before creating them. ``None``: torch's defaults. With a
+            agreement before creating them. ``None``: torch's defaults, for both:
+            a late rank is waited for as long as torch would (30 minutes on gloo,
+            10 on NCCL), with a warning on the ``fmesh`` logger each minute. With a
             timeout, a dim spanning the whole world gets a group of its own instead
             of the default group; not supported on a ``threaded`` world.
 
@@ -77,8 +79,13 @@ def init_device_mesh(
     Raises:
         DeviceMeshError: where torch raises ``RuntimeError``: repeated names, a names /
             shape length mismatch, a device type with an index, an unknown or
-            repeated ``backend_override`` key, a mesh larger than the world, a device
-            type not usable in this process. Also a ``RuntimeError``.
+            repeated ``backend_override`` key, a mesh larger than the world; also a
+            device type not usable in this process (torch sets no device up for it
+            and fails later; any device type on a fake world is accepted, as torch
+            does). Also a ``RuntimeError``.
+        DeviceMeshTypeError: a ``backend_override`` value that is no backend,
+            options or pair of them (torch's ``ValueError`` or ``TypeError``: it is
+            both).
         MeshMismatchError: the ranks called it with different arguments.
         LaunchError: no process group and no torchrun environment to start one.
 
@@ -138,7 +145,9 @@ def init_device_mesh(
             f"{size} ranks (mesh_shape={shape}); launch more processes or give a "
             "smaller mesh_shape"
         )
-    if device_type:  # torch accepts "" (no device to set up)
+    # torch accepts "" (no device to set up), and any device type on a fake world
+    # (a dry run: it sets up no device).
+    if device_type and dist.get_backend() != "fake":
         try:
             device_type = check_device_type(device_type, "init_device_mesh")
         except MeshError as err:
@@ -150,7 +159,7 @@ def init_device_mesh(
     options: dict[str, BackendOptions] = {}
     for name, (b, o) in zip(names, overrides or ()):
         if b is not None:
-            backend[name] = b
+            backend[name] = check_backend(b, "init_device_mesh() backend_override")
         if o is not None:
             options[name] = o
     descs = dict(zip(names, group_descs(torch_names, len(names))))
@@ -278,21 +287,29 @@ def _normalize_backend_override(
 
 
 def _backend_config(value: object, options_type: type) -> BackendConfig:
+    """One ``backend_override`` value as (backend, options), as torch reads it: a
+    backend name, options, or any pair of them (``None`` or ``""`` for the default
+    group's backend, ``None`` for no options); torch unpacks any other value as a pair,
+    so a wrong length is its ``ValueError`` and a value that is no pair its
+    ``TypeError``: ``DeviceMeshTypeError`` is both."""
     if isinstance(value, str):
-        return value, None
+        return value or None, None
     # torch's options class is looked up at run time; cast to the type checker's name.
     if isinstance(value, options_type):
         return None, cast("BackendOptions", value)
-    if (
-        isinstance(value, tuple)
-        and len(value) == 2
-        and isinstance(value[0], str)
-        and isinstance(value[1], options_type)
-    ):
-        return value[0], cast("BackendOptions", value[1])
-    raise TypeError(
-        "a backend_override value must be a backend name, backend options, or "
-        f"(backend name, options), got {value!r}"
+    pair: tuple[object, ...] | None = None
+    if isinstance(value, Iterable) and not isinstance(value, bytes | Mapping):
+        pair = tuple(value)
+    if pair is not None and len(pair) == 2:
+        backend, options = pair
+        if (backend is None or isinstance(backend, str)) and (
+            options is None or isinstance(options, options_type)
+        ):
+            return backend or None, cast("BackendOptions | None", options)
+    raise DeviceMeshTypeError(
+        "a backend_override value must be a backend name, backend options, or a "
+        f"(backend name, options) pair (either may be None), got {value!r}; e.g. "
+        "backend_override={0: 'gloo'} or {'tp': ('nccl', options)}"
     )
 
 

@@ -1,0 +1,310 @@
+"""A late rank is waited for as long as torch would, with a warning each interval.
+
+* Thread-played ranks on one TCPStore (each its own client) run the agreement of
+  ``fmesh/_runtime/agreement.py`` with a short ``arrivals.WARN_INTERVAL``: a late rank
+  within the timeout, the warnings that name it, the list of arrivals read by one rank,
+  a constant number of requests per waiting rank and interval, no key left.
+* Real gloo processes run the drop-in and torch's own ``_flatten`` on its mesh with a
+  late rank: every rank finishes, the warnings name the late rank and the call; past a
+  short ``timeout=`` every rank gets the documented error; without one the agreement
+  waits torch's own default for the backend (read at call time: patched short in one
+  job, so the default path is run to its end in seconds).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _dist import run_spawn
+
+import fmesh
+from bench.counting import CountingStore
+from fmesh._runtime import agreement as _agree
+from fmesh._runtime import arrivals
+
+LONG = datetime.timedelta(seconds=60)
+
+
+def _tcp(port: int = 0, *, master: bool = False) -> Any:
+    import torch.distributed as dist
+
+    tcp: Any = dist.TCPStore  # type: ignore[attr-defined]  # implicit re-export
+    return tcp("127.0.0.1", port, 1, is_master=master, wait_for_workers=False)
+
+
+class Client(CountingStore):
+    """One thread-played rank's own client (never cloned); logs (op, key) pairs."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.ops: list[tuple[str, str]] = []
+
+    def clone(self) -> CountingStore:
+        return self
+
+    def _n(self, keys: str | list[str], n: int = 1) -> None:
+        super()._n(keys, n)
+        self.ops.append(("?", keys if isinstance(keys, str) else keys[0]))
+
+    def append(self, key: str, value: Any) -> None:
+        super().append(key, value)
+        self.ops[-1] = ("append", key)
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        out = super().compare_set(key, expected, desired)
+        self.ops[-1] = ("peek" if expected == "\x00" else "compare_set", key)
+        return out
+
+    def count(self, op: str, suffix: str) -> int:
+        return sum(1 for o, k in self.ops if (op in ("*", o)) and k.endswith(suffix))
+
+
+def _call(store: Any, rank: int, world: int, timeout: datetime.timedelta = LONG) -> None:
+    _agree.agree(
+        store,
+        rank=rank,
+        ranks=range(world),
+        code=5,
+        record=lambda: _agree.Record(rank, 5, "Mesh(a=4)", ""),
+        timeout=timeout,
+        prefix=f"{_agree.KEY_ROOT}t/s/1/",
+        where="call #1 of 's'",
+    )
+
+
+def _play(
+    world: int, delays: dict[int, float], timeout: datetime.timedelta = LONG
+) -> tuple[dict[int, BaseException | None], dict[int, Client], Any]:
+    """Every rank of ``world`` agrees, rank r after ``delays.get(r, 0)`` seconds."""
+    master = _tcp(master=True)
+    clients = {r: Client(_tcp(int(master.port))) for r in range(world)}
+    results: dict[int, BaseException | None] = {}
+
+    def run(r: int) -> None:
+        time.sleep(delays.get(r, 0.0))
+        try:
+            _call(clients[r], r, world, timeout)
+            results[r] = None
+        except BaseException as err:  # reported to the test
+            results[r] = err
+
+    threads = [threading.Thread(target=run, args=(r,), name=f"rank{r}") for r in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return results, clients, master
+
+
+@pytest.fixture
+def interval(monkeypatch: pytest.MonkeyPatch) -> Iterator[float]:
+    monkeypatch.setattr(arrivals, "WARN_INTERVAL", 2.0)
+    yield 2.0
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "fmesh" and r.levelno == 30]
+
+
+def test_a_late_rank_is_waited_for_and_named_each_interval(
+    interval: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    """5 ranks; rank 3 comes after about 1.5 intervals (the list is open: it lists
+    itself at once), rank 4 after about 4.5. Every rank finishes; the warnings name the
+    ranks not there, rank 4 to the end; one rank reads the list; no key is left."""
+    caplog.set_level(logging.WARNING, logger="fmesh")
+    world, delays = 5, {3: 1.5 * interval, 4: 4.5 * interval}
+    results, clients, master = _play(world, delays)
+    assert results == dict.fromkeys(range(world)), results
+    said = _warnings(caplog)
+    assert said, "no warning"
+    named = []
+    for text in said:
+        assert "call #1 of 's' (Mesh(a=4))" in text, text
+        found = re.search(r"for ranks \[([\d, ]+)\]", text)
+        assert found, text
+        named.append({int(r) for r in found.group(1).split(",")})
+        assert 4 in named[-1], text
+    # Once rank 3 is there, the warnings name rank 4 alone.
+    assert sum(n == {4} for n in named) >= 3, said
+    # Rank 3 came after the list was opened: it listed itself with one append.
+    assert clients[3].count("append", "/arr") == 1
+    assert clients[3].count("compare_set", "/arr") == 0
+    # Rank 4 came last: it completed the call and listed nothing.
+    assert clients[4].count("*", "/arr") == 0
+    # The list of arrivals is read by one rank alone (the one that opened it).
+    readers = [r for r, c in clients.items() if c.count("peek", "/arr")]
+    assert len(readers) == 1, {r: c.ops for r, c in clients.items()}
+    assert clients[readers[0]].count("compare_set", "/arr") == 1
+    assert _agree.count_keys(master) == 0, master.list_keys()
+
+
+@pytest.mark.parametrize("world", [4, 16])
+def test_a_waiting_rank_costs_a_constant_per_interval(interval: float, world: int) -> None:
+    """Rank 1 comes after 4 intervals: every other rank's requests stay under a bound
+    that does not depend on the world (4 or 16 ranks)."""
+    results, clients, _master = _play(world, {1: 4 * interval})
+    assert all(v is None for v in results.values()), results
+    per_rank = [len(c.ops) for r, c in clients.items() if r != 1]
+    # The agreement (add, wait, add, wait, read), the listing (2, the opener 3), then
+    # per interval a wait and a warning's read; the opener also reads the list and
+    # publishes it, with a wait in between: about 16 requests, the opener 29.
+    assert max(per_rank) <= 40, per_rank
+    assert sorted(per_rank)[len(per_rank) // 2] <= 24, per_rank
+
+
+def test_a_late_rank_past_the_timeout_is_named_and_keys_are_removed(interval: float) -> None:
+    """The list was open when the call timed out: every waiting rank raises naming
+    the rank that never came, and the failed call's last rank removes the list too."""
+    timeout = datetime.timedelta(seconds=2 * interval)
+    results, _clients, master = _play(4, {2: 4 * interval}, timeout)
+    for r, err in results.items():
+        assert isinstance(err, fmesh.MeshMismatchError), (r, err)
+        if r == 2:
+            assert "rank 2 arrived after the other ranks gave up on call #1" in str(err)
+        assert "ranks [2] never reached call #1 of 's' within 4s" in str(err), (r, err)
+    assert _agree.count_keys(master) == 0, master.list_keys()
+
+
+def test_a_short_wait_costs_what_it_did() -> None:
+    """At the default interval, a call whose ranks come within seconds makes no
+    request of the list of arrivals."""
+    results, clients, _master = _play(4, {2: 1.0})
+    assert all(v is None for v in results.values()), results
+    assert all(c.count("*", "/arr") == c.count("*", "/late") == 0 for c in clients.values())
+    assert max(len(c.ops) for c in clients.values()) <= 4
+
+
+# -- real processes -------------------------------------------------------------------------
+
+WORLD = 4
+LATE = 3
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _spy_timeouts() -> list[float]:
+    """The timeout of every agreement this process makes, in seconds."""
+    seen: list[float] = []
+    real = _agree.agree
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["timeout"].total_seconds())
+        return real(*args, **kwargs)
+
+    _agree.agree = spy  # this worker process only
+    return seen
+
+
+def late_job(rank: int, world: int, late_s: float) -> dict[str, Any]:
+    """The drop-in without a timeout; then with one, and torch's own ``_flatten`` on
+    its mesh, rank LATE coming ``late_s`` late to both."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import Backend
+    from torch.distributed import distributed_c10d as c10d
+
+    from fmesh.device_mesh import init_device_mesh
+
+    arrivals.WARN_INTERVAL = 2.0
+    records = _Records()
+    logging.getLogger("fmesh").addHandler(records)
+    timeouts = _spy_timeouts()
+    dist.init_process_group("gloo")
+    init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))  # torch's default
+    if rank == LATE:
+        time.sleep(late_s)
+    dm = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"), timeout=LONG)
+    first = list(records.messages)
+    if rank == LATE:
+        time.sleep(late_s)
+    flat = dm._flatten("dp_tp")
+    x = torch.ones(1)
+    dist.all_reduce(x, group=flat.get_group())
+    return {
+        "init": first,
+        "flatten": records.messages[len(first) :],
+        "sum": x.item(),
+        "timeouts": timeouts,
+        "torch_default": c10d._get_default_timeout(Backend("gloo")).total_seconds(),
+    }
+
+
+def test_a_late_rank_within_the_timeout_and_the_warnings(tmp_path: Path) -> None:
+    outs = run_spawn(late_job, WORLD, 5.0, tmp_path=tmp_path, timeout=120).values()
+    for rank, out in enumerate(outs):
+        assert out["sum"] == WORLD
+        # The agreement's default is torch's own for the backend (30 minutes on gloo);
+        # a timeout= given reaches it for torch's own methods too.
+        assert out["torch_default"] == 1800.0
+        assert out["timeouts"] == [1800.0, 60.0, 60.0], out["timeouts"]
+        if rank == LATE:
+            assert out["init"] == out["flatten"] == [], out
+            continue
+        for phase, call in (("init", "realize call #2"), ("flatten", "realize call #3")):
+            said = out[phase]
+            assert said, (rank, phase)
+            for text in said:
+                assert f"rank {rank} has waited" in text, text
+                assert f"at {call} (" in text and f"ranks [{LATE}]" in text, text
+        assert "dp=2, tp=2" in out["init"][0], out["init"][0]
+        assert "dp_tp=4" in out["flatten"][0], out["flatten"][0]
+
+
+def past_job(rank: int, world: int, patch_default: bool) -> dict[str, Any]:
+    """Rank LATE comes 12 s late; the others wait 3 s: ``timeout=`` given, or torch's
+    default for gloo patched to 3 s (torch reads it at each call, so does fmesh)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    from fmesh.device_mesh import init_device_mesh
+
+    arrivals.WARN_INTERVAL = 2.0
+    short = datetime.timedelta(seconds=3)
+    if patch_default:
+        c10d.default_pg_timeout = short
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=LONG)
+    if rank == LATE:
+        time.sleep(12.0)
+    start = time.monotonic()
+    try:
+        init_device_mesh("cpu", (2, 2), timeout=None if patch_default else short)
+    except fmesh.MeshMismatchError as err:
+        return {"message": str(err), "seconds": time.monotonic() - start}
+    return {"message": "", "seconds": time.monotonic() - start}
+
+
+@pytest.mark.parametrize(
+    "patch_default", [False, True], ids=["timeout=3s", "torch-default=3s"]
+)
+def test_a_late_rank_past_the_timeout_gets_the_documented_error(
+    tmp_path: Path, patch_default: bool
+) -> None:
+    outs = run_spawn(past_job, WORLD, patch_default, tmp_path=tmp_path, timeout=120).values()
+    for rank, out in enumerate(outs):
+        assert f"ranks [{LATE}] never reached realize call #1 within 3s" in out["message"], (
+            rank,
+            out,
+        )
+        if rank == LATE:
+            assert "arrived after the other ranks gave up" in out["message"], out
+            assert out["seconds"] < 15, out
+        else:
+            assert 2.5 < out["seconds"] < 30, out
