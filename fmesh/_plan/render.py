@@ -95,9 +95,8 @@ def plan_text(report: PlanReport) -> str:
     planned = len(report.ranks)
     out = [
         f"fmesh plan {report.target}: {planned} of {report.world} ranks, each on a fresh "
-        "fake world (torch's 'fake' backend, standing in for the backends asked for; "
-        "init_device_mesh and DeviceMesh methods routed through fmesh; torch's own group "
-        "calls recorded)",
+        "fake world (torch's 'fake' backend standing in for the backends asked for; "
+        "torch's DeviceMesh API routed through fmesh)",
     ]
     brief = len(report.ranks) > SHOWN_RANKS
     for i, p in enumerate(report.ranks):
