@@ -308,7 +308,7 @@ def observing(observer: Observer) -> Iterator[None]:
     """Inside, every group torch makes on a fake world is reported to ``observer``
     (fmesh's own are not: its realize calls are compared by fmesh's agreement codes),
     and real backends are played by the fake one. ``split_group`` is not swapped here:
-    the caller points every module's ``split_group`` at :func:`planned_split_group`."""
+    the caller points every module's ``split_group`` at ``planned_split_group``."""
     from torch.distributed.device_mesh import DeviceMesh
 
     c10d = _c10d()
