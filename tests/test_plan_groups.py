@@ -273,11 +273,14 @@ def _torchrun_variables() -> set[str]:
 
 
 def test_every_variable_torchrun_sets_is_set_and_restored_after() -> None:
-    before = dict(os.environ)
+    before, hook = dict(os.environ), sys.excepthook
     plan_targets.ENVIRONMENT.clear()
-    fmesh.plan(plan_targets.environment, world=32, ranks=[13])
+    fmesh.plan(plan_targets.environment, world=32, ranks=[13, 14])
     assert dict(os.environ) == before
-    (seen,) = plan_targets.ENVIRONMENT
+    # torch's init_process_group prefixes the excepthook with the rank: once a launch,
+    # and not once per planned rank.
+    assert sys.excepthook is hook
+    seen = plan_targets.ENVIRONMENT[0]
     missing = _torchrun_variables() - set(seen)
     assert not missing, missing
     assert {k: seen[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")} == {
@@ -328,3 +331,31 @@ def test_many_ranks_print_one_line_each_past_the_first_eight() -> None:
     )
     assert sum(line.startswith("rank ") for line in lines) == 32
     assert sum("group of rank" in line for line in lines) == 8  # table headers
+
+
+# -- the command line a newcomer meets -------------------------------------------------------
+
+
+def test_help_says_what_plan_does_for_a_trainer() -> None:
+    text = " ".join(run_cli("--help").stdout.split())
+    assert "dry-run realize for one rank" not in text
+    assert "or run a trainer's own mesh code for chosen ranks and compare them" in text
+
+
+def test_a_missing_function_lists_only_the_modules_own_functions() -> None:
+    result = run_cli("plan", "--world", "8", f"{TARGETS}:nosuchfn")
+    assert result.returncode == 2
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("fmesh: error")]
+    listed = line.split("its functions: ")[1].split(", ")
+    assert "fmesh_trainer" in listed and "raises" in listed
+    # Imported names are not candidates: torch's init_device_mesh, fmesh, Any.
+    assert not {"init_device_mesh", "fmesh", "dist", "Any"} & set(listed), listed
+
+
+def test_a_flag_of_plan_given_to_describe_says_it_is_plans() -> None:
+    result = run_cli("describe", "dp=4", "--world", "8")
+    assert result.returncode == 2
+    assert (
+        "fmesh: error: unrecognized argument --world; --world is an option of 'fmesh plan' "
+        "(fmesh plan --world N ...), not of 'fmesh describe'"
+    ) in result.stderr

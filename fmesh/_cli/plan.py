@@ -106,7 +106,8 @@ def load_target(text: str) -> Callable[[], object]:
             and v.__module__ == module.__name__
             and not k.startswith("_")
         )
-        has = f"its functions: {', '.join(found[:12])}" if found else "it defines none"
+        more = f" and {len(found) - 40} more" if len(found) > 40 else ""
+        has = f"its functions: {', '.join(found[:40])}{more}" if found else "it defines none"
         raise CliError(f'"{text}": {where} has no function {name!r}; {has}')
     return cast("Callable[[], object]", fn)
 

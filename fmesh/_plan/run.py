@@ -10,6 +10,7 @@ on first use, never by ``import fmesh``.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -165,6 +166,9 @@ def _plan_rank(
     recorder = Recorder(rank, backend)
     play_backend(backend)
     recorders = active()
+    # torch's init_process_group wraps sys.excepthook to prefix "[rank<r>]" and never
+    # unwraps it: a launch does that once, a plan once per rank.
+    excepthook = sys.excepthook
     with torchrun_environment(world, rank), warnings.catch_warnings():
         # Nothing runs on NCCL here: torch's warning that it is not built in is noise.
         warnings.filterwarnings("ignore", "Attempted to get default timeout for nccl")
@@ -187,6 +191,7 @@ def _plan_rank(
         finally:
             recorders.remove(recorder)
             play_backend(None)
+            sys.excepthook = excepthook
             destroy()
             if dist.is_initialized():  # the function may have torn it down itself
                 dist.destroy_process_group()
