@@ -19,13 +19,25 @@ derived from one mesh with ``fmesh.unflatten``/``flatten``/``slice``/``rename``,
 ``efsdp = dp_shard * cp * tp / (ep * etp)``: the expert region reuses the
 ``dp_shard x cp x tp`` ranks, split into expert-FSDP, expert-parallel and expert-TP.
 
+These views are fmesh's rendering, not torchtitan's code; against its ``build_mesh``
+at commit ``b5bcd76c6`` they differ exactly so: ``sparse`` has an ``etp`` axis
+(torchtitan deprecated expert TP in c4b409af2; at ``--etp 1``, the default, it is
+torchtitan's ``(pp, dp_replicate, efsdp, ep)`` with a size-1 ``etp``); the loss axis
+is ``loss`` (torchtitan names the flattened dim ``loss_mesh``, kept as ``"loss"``);
+``dense`` (``spmd_types``' storage mesh) and ``dense_fsdp`` (``partial_dtensor``'s)
+are both built, where torchtitan builds the one its ``spmd_backend`` picks; size-1
+axes get no ``"fake"`` backend (fmesh makes no communicator for them anyway); and the
+1-d meshes torchtitan hands out are not listed (each is a ``slice`` of a view). The
+exact recipe is :func:`torchtitan_build_mesh`.
+
 Dry run for one rank of a big world, on torch's fake backend (no torchrun, no GPUs):
 
     python examples/parallel_dims.py --plan --world 2**17 --pp 8 --dp-replicate 4 \\
         --cp 2 --tp 8 --ep 16 --rank 77777
 
-Check torchtitan's own recipe (torch's ``init_device_mesh`` and ``DeviceMesh._unflatten``,
-call for call) before launch: ``fmesh plan`` runs :func:`torchtitan` as 16 ranks of a
+Check torchtitan's own recipe before launch: :func:`torchtitan_build_mesh` is its
+``build_mesh`` at commit ``b5bcd76c6``, call for call on torch's ``init_device_mesh``
+and ``DeviceMesh._unflatten``; ``fmesh plan`` runs :func:`torchtitan` as 16 ranks of a
 2**17-rank fake world, each with torch routed through fmesh, and compares the ranks'
 calls; :func:`torchtitan_buggy` plants a rank-dependent config that it finds:
 
@@ -253,7 +265,10 @@ def build_meshes(dims: ParallelDims) -> dict[str, fmesh.Mesh]:
 
 
 def torchtitan_groups_per_rank(dims: ParallelDims) -> int:
-    """Process groups torch's DeviceMesh recipe creates on each rank (CPU, gloo/fake).
+    """Process groups torch's DeviceMesh creates on each rank (CPU, gloo/fake) for
+    these views, made as torchtitan makes its own (one ``_unflatten`` of the world per
+    view, ``_flatten`` for the loss mesh; the views differ from torchtitan's as the
+    module's docstring says).
 
     One per dimension of every ``_unflatten`` of the world and of the ``_flatten``,
     even where two dimensions have the same ranks; a dimension spanning the whole
@@ -265,58 +280,116 @@ def torchtitan_groups_per_rank(dims: ParallelDims) -> int:
 
 # -- torchtitan's own calls (for fmesh plan) ----------------------------------------------
 
+TITAN_COMMIT = "b5bcd76c6"
+"""The torchtitan commit :func:`torchtitan_build_mesh` follows (the one the suite in
+``tests/run_torchtitan_suite.py`` runs)."""
+
 TITAN_DEGREES: Mapping[str, int] = {"pp": 8, "dp_replicate": 4, "cp": 2, "tp": 8, "ep": 16}
 """The degrees :func:`torchtitan` plans; ``dp_shard`` takes the rest of the world
 (256 at 2**17 ranks, 2048 at 2**20; the world must be a multiple of 512)."""
 
 
 def torchtitan_build_mesh(
-    dims: ParallelDims, device_type: str = "cuda"
+    dims: ParallelDims, device_type: str = "cuda", spmd_backend: str = "spmd_types"
 ) -> dict[str, DeviceMesh]:
-    """torchtitan's ``ParallelDims.build_mesh``, call for call, on torch's own API.
+    """torchtitan's ``ParallelDims.build_mesh`` at commit ``b5bcd76c6``
+    (``torchtitan/distributed/parallel_dims.py``), call for call, on torch's own API.
 
-    A 1-d world mesh from torch's ``init_device_mesh``, unflattened into the data
-    loading, dense and sparse (expert) views, the loss mesh flattened from two dims,
-    and the 1-d meshes torchtitan hands to each parallelism. Size-1 dims get the
-    ``fake`` backend, as torchtitan asks. Nothing here knows of fmesh: under torchrun
-    it runs on torch; under ``fmesh plan`` torch is routed through fmesh.
+    The same calls in the same order with the same arguments: a 1-d world mesh from
+    torch's ``init_device_mesh``; ``_unflatten`` into the data-loading mesh; its
+    ``batch`` and ``cp`` flattened into ``loss_mesh``; with ``spmd_backend``
+    ``"spmd_types"`` (torchtitan's default) the dense storage mesh (``dp_shard``) and
+    the forward/backward mesh (``dp``), else ``"partial_dtensor"``'s dense mesh
+    (``fsdp``); the sparse mesh (``efsdp``, ``ep``); ``"fake"`` for the dims
+    torchtitan's ``_mesh_exist`` turns off. Returns every mesh torchtitan keeps, by
+    the name it keeps it under: the world mesh, its ``_global_meshes`` and its
+    ``_single_axis_meshes`` (``loss`` is in both, one mesh): 17 entries, 16 names,
+    with ``ep > 1`` and ``spmd_types``. Nothing here knows of fmesh: under torchrun it
+    runs on torch; under ``fmesh plan`` torch is routed through fmesh.
+
+    Where this is not torchtitan: the degrees come from :class:`ParallelDims`, which
+    validates them as torchtitan does but also has ``etp`` (an expert tensor-parallel
+    degree torchtitan dropped in c4b409af2): it must be 1 here; and ``device_type`` is
+    an argument (torchtitan reads it from ``torchtitan.tools.utils``).
     """
     from torch.distributed.device_mesh import init_device_mesh
 
+    if dims.etp != 1:
+        raise DimsError(
+            f"etp is {dims.etp}; torchtitan's build_mesh (at {TITAN_COMMIT}) has no "
+            "expert tensor parallelism: use etp=1"
+        )
+    if spmd_backend not in ("spmd_types", "partial_dtensor"):
+        raise DimsError(
+            f"spmd_backend is {spmd_backend!r}; expected 'spmd_types' or 'partial_dtensor'"
+        )
+    spmd = spmd_backend == "spmd_types"
+    d = dims
+
+    def exists(name: str, degree: int) -> bool:  # torchtitan's _mesh_exist
+        if name == "fsdp" or (name == "dp_shard" and spmd):
+            return True
+        if name == "efsdp":
+            return d.ep > 1
+        return degree > 1
+
     def unflatten(
-        world: DeviceMesh, names: tuple[str, ...], sizes: tuple[int, ...]
+        world: DeviceMesh, names: tuple[str, ...], degrees: tuple[int, ...]
     ) -> DeviceMesh:
         # torch types the values with its options class; names are all this passes.
-        fake: dict[str, Any] = {n: "fake" for n, s in zip(names, sizes, strict=True) if s == 1}
-        return world._unflatten(0, sizes, names, backend_override=fake or None)
+        override: dict[str, Any] = {
+            n: "fake" for n, s in zip(names, degrees, strict=True) if not exists(n, s)
+        }
+        return world._unflatten(0, degrees, names, backend_override=override)
 
-    d = dims
+    batch = d.dp_replicate * d.dp_shard
+    fsdp = d.dp_shard * d.cp
+    efsdp = fsdp * d.tp // d.ep
     world = init_device_mesh(device_type, (d.world,), mesh_dim_names=("world",))
-    loading = unflatten(world, ("pp", "batch", "cp", "tp"), (d.pp, d.batch, d.cp, d.tp))
-    loss = loading["batch", "cp"]._flatten("loss")
-    dense = unflatten(
-        world, ("pp", "dp_replicate", "fsdp", "tp"), (d.pp, d.dp_replicate, d.fsdp, d.tp)
-    )
+    loading = unflatten(world, ("pp", "batch", "cp", "tp"), (d.pp, batch, d.cp, d.tp))
+    loss = loading["batch", "cp"]._flatten("loss_mesh")
+    spmd_dense = None
+    if spmd:
+        dense = unflatten(
+            world,
+            ("pp", "dp_replicate", "dp_shard", "cp", "tp"),
+            (d.pp, d.dp_replicate, d.dp_shard, d.cp, d.tp),
+        )
+        fwdbwd = unflatten(world, ("pp", "dp", "cp", "tp"), (d.pp, batch, d.cp, d.tp))
+        spmd_dense = fwdbwd["dp", "cp", "tp"]
+    else:
+        dense = unflatten(
+            world, ("pp", "dp_replicate", "fsdp", "tp"), (d.pp, d.dp_replicate, fsdp, d.tp)
+        )
     sparse = unflatten(
-        world,
-        ("pp", "dp_replicate", "efsdp", "ep", "etp"),
-        (d.pp, d.dp_replicate, d.efsdp, d.ep, d.etp),
+        world, ("pp", "dp_replicate", "efsdp", "ep"), (d.pp, d.dp_replicate, efsdp, d.ep)
     )
-    return {
+    meshes: dict[str, DeviceMesh] = {
         "world": world,
         "dataloading": loading,
         "loss": loss,
         "dense": dense,
         "sparse": sparse,
+    }
+    if spmd_dense is not None:
+        meshes["spmd_dense_for_fwdbwd"] = spmd_dense
+    if spmd and d.ep > 1:
+        meshes["spmd_sparse_for_fwdbwd"] = sparse["dp_replicate", "efsdp", "ep"]
+    meshes |= {
         "pp": loading["pp"],
         "batch": loading["batch"],
+        "dp_replicate": dense["dp_replicate"],
         "cp": loading["cp"],
         "tp": loading["tp"],
-        "dp_replicate": dense["dp_replicate"],
-        "fsdp": dense["fsdp"],
-        "efsdp": sparse["efsdp"],
         "ep": sparse["ep"],
+        "efsdp": sparse["efsdp"],
     }
+    if spmd_dense is not None:
+        meshes["dp"] = spmd_dense["dp"]
+        meshes["dp_shard"] = dense["dp_shard"]
+    else:
+        meshes["fsdp"] = dense["fsdp"]
+    return meshes
 
 
 def torchtitan() -> dict[str, DeviceMesh]:

@@ -59,3 +59,148 @@ def last_rank_skips_a_call() -> None:
 
 def raises() -> None:
     raise RuntimeError("the trainer's own bug")
+
+
+# -- what a launch checks beyond fmesh's realize calls (tests/test_plan_groups.py) ----------
+
+FACTORY: dict[str, Any] = {"mesh": init_device_mesh}
+"""A registry filled at import, before any plan routes torch: it keeps torch's own
+``init_device_mesh``, as a factory in a library would."""
+
+DIVERGENT = 1
+"""The rank that alone does something else in the ``*_on_one_rank`` targets."""
+
+
+def _one_rank() -> tuple[int, bool]:
+    world, rank = _world_rank()
+    return world, rank == DIVERGENT
+
+
+def route(init: Any) -> None:
+    """Point this module's ``init_device_mesh`` at ``init`` (a launch through fmesh's
+    drop-in)."""
+    global init_device_mesh
+    init_device_mesh = init
+
+
+def _override(backend: str | None) -> dict[str, Any]:
+    world, _ = _world_rank()
+    override: dict[int | str, Any] | None = None if backend is None else {"a": backend}
+    mesh = init_device_mesh(
+        "cpu", (2, world // 2), mesh_dim_names=("a", "b"), backend_override=override
+    )
+    return {"mesh": mesh}
+
+
+def gloo_override_on_one_rank() -> dict[str, Any]:
+    """Rank 1 alone gives dim ``a`` the gloo backend."""
+    _, odd = _one_rank()
+    return _override("gloo" if odd else None)
+
+
+def cpu_gloo_override_on_one_rank() -> dict[str, Any]:
+    """Rank 1 alone gives dim ``a`` the backend ``cpu:gloo``."""
+    _, odd = _one_rank()
+    return _override("cpu:gloo" if odd else None)
+
+
+def nccl_override_on_every_rank() -> dict[str, Any]:
+    """Every rank gives dim ``a`` NCCL (which this machine need not have)."""
+    return _override("nccl")
+
+
+def real_backends_everywhere() -> dict[str, Any]:
+    """A GPU trainer's calls: its own default group on cpu:gloo,cuda:nccl, a cuda mesh
+    with a gloo override, fmesh realize on nccl, torch's new_group on gloo."""
+    world, _ = _world_rank()
+    dist.init_process_group("cpu:gloo,cuda:nccl")
+    mesh = init_device_mesh(
+        "cuda", (2, world // 2), mesh_dim_names=("a", "b"), backend_override={"b": "gloo"}
+    )
+    fmesh.realize(fmesh.make_mesh({"x": world // 2, "y": 2}), backend="nccl")
+    dist.new_group(list(range(world // 2)), backend="gloo")
+    return {"mesh": mesh}
+
+
+def factory_mesh_on_one_rank() -> None:
+    """``init_device_mesh`` reached through the registry: rank 1 builds another shape."""
+    world, odd = _one_rank()
+    shape = (world // 4, 4) if odd else (world // 8, 8)
+    FACTORY["mesh"]("cpu", shape, mesh_dim_names=("dp", "tp"))
+
+
+def factory_mesh() -> dict[str, Any]:
+    """The registry's ``init_device_mesh``, alike on every rank."""
+    world, _ = _world_rank()
+    return {"mesh": FACTORY["mesh"]("cpu", (world // 8, 8), mesh_dim_names=("dp", "tp"))}
+
+
+def tensor_mesh_on_one_rank() -> None:
+    """A DeviceMesh built from a tensor: rank 1's tensor has another shape."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    world, odd = _one_rank()
+    shape = (world // 4, 4) if odd else (world // 8, 8)
+    DeviceMesh("cpu", torch.arange(world).reshape(shape), mesh_dim_names=("dp", "tp"))
+
+
+def new_group_on_one_rank() -> None:
+    """torch's new_group: rank 1 asks for one more rank."""
+    _, odd = _one_rank()
+    dist.new_group(list(range(3 if odd else 2)))
+
+
+def torch_groups() -> None:
+    """torch's own group calls, alike on every rank: new_group, new_subgroups,
+    split_group, and a local new_group per pair of ranks."""
+    world, rank = _world_rank()
+    dist.new_group(list(range(world // 2)), backend="gloo")
+    dist.new_subgroups(2)  # type: ignore[no-untyped-call]  # torch leaves it untyped
+    dist.split_group(split_ranks=[list(range(world // 2)), list(range(world // 2, world))])
+    pair = [rank - rank % 2, rank - rank % 2 + 1]
+    dist.new_group(pair, use_local_synchronization=True)
+
+
+def local_group_after_another() -> None:
+    """Rank 0 makes a group of its own first, so it holds one more group than rank 1
+    when the two make their local pair: torch names the pair's group differently on
+    the two ranks (by the count), and their rendezvous would not meet."""
+    _, rank = _world_rank()
+    if rank == 0:
+        dist.new_group([0], use_local_synchronization=True)
+    if rank in (0, 1):
+        dist.new_group([0, 1], use_local_synchronization=True)
+
+
+def hit_where_others_create() -> None:
+    """Rank 1 realizes its first mesh again (a memo hit) where the others realize a
+    new one."""
+    world, odd = _one_rank()
+    mesh = fmesh.make_mesh({"dp": 2, "tp": world // 2})
+    fmesh.realize(mesh)
+    fmesh.realize(mesh if odd else fmesh.make_mesh({"x": world // 2, "y": 2}))
+
+
+def views_returning_none() -> None:
+    """A mesh and a slice of it realized, nothing returned."""
+    world, _ = _world_rank()
+    mesh = fmesh.make_mesh({"dp": 2, "tp": world // 2})
+    fmesh.realize(mesh)
+    fmesh.realize(fmesh.slice(mesh, "tp"))
+
+
+ENVIRONMENT: list[dict[str, str]] = []
+"""What :func:`environment` saw."""
+
+
+def environment() -> None:
+    ENVIRONMENT.append(dict(os.environ))
+
+
+def lone_rank_diverges() -> None:
+    """Rank 5 alone builds another mesh: on 8 ranks, ``sample:5`` (the ends, then
+    ranks along the mesh's diagonal: 0, 7, 6, 1, 3) never plans it."""
+    world, rank = _world_rank()
+    shape = {"dp": 2, "tp": world // 2} if rank != 5 else {"dp": world // 2, "tp": 2}
+    fmesh.realize(fmesh.make_mesh(shape))

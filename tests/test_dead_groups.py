@@ -124,7 +124,7 @@ def test_abort_then_rebuild_all_reduces_on_new_groups(tmp_path: Path) -> None:
     from fmesh._compat import torch_version
 
     if torch_version() < (2, 15):
-        pytest.skip("DeviceMesh.abort() is new in torch 2.15 (run with /work/venv215)")
+        pytest.skip("DeviceMesh.abort() is new in torch 2.15: run this test under torch 2.15")
     job = run_spawn(abort_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
     for rank, out in enumerate(job.values()):
         assert "not supported on a submesh" in out["submesh"], (rank, out)

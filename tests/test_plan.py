@@ -180,13 +180,14 @@ def test_text_and_json_render_every_mesh_and_group() -> None:
     text = plan_text(_report())
     assert "fmesh plan m:f: 1 of 64 ranks" in text
     assert (
-        "rank 3: 1 meshes, 1 creating realize calls, 2 groups created, 2 held (2 of more "
-        "than one rank), 0.01 s, peak memory 1.0 MiB (+0.5 MiB during the call)"
+        "rank 3: 1 meshes, 1 creating realize calls, 2 groups created by fmesh, 2 held by "
+        "its meshes (2 of more than one rank), 0.01 s, peak memory 1.0 MiB (+0.5 MiB "
+        "during the call)"
     ) in text
     assert "  dense  dp=2, tp=32  dp       2      0  [3, 35]" in text
     assert "[0, 1, 2, 3, ..., 31]" in text
     assert text.rstrip().endswith(
-        "only one rank planned; plan several (--rank sample:K) to compare them"
+        "only one rank planned; plan several (--rank sample:K or --rank all) to compare them"
     )
     payload = json.loads(plan_json(_report()))
     assert payload["ok"] is True and payload["divergence"] is None
@@ -194,9 +195,12 @@ def test_text_and_json_render_every_mesh_and_group() -> None:
     assert r["calls"] == [
         {
             "number": 1,
+            "kind": "realize",
             "code": "0000000000000abc",
             "summary": "Mesh(dp=2, tp=32) on fake",
             "history": "",
+            "members": None,
+            "held": None,
         }
     ]
     dp, tp = r["meshes"][0]["groups"]
@@ -242,32 +246,60 @@ def test_plan_torchtitans_recipe_gives_fmesh_groups() -> None:
     report = fmesh.plan(parallel_dims.torchtitan, world=world, ranks=ranks)
     _no_world_left()
     assert report.ok, report.divergence
-    dims = parallel_dims.ParallelDims.resolve(world, **parallel_dims.TITAN_DEGREES)
-    views = parallel_dims.build_meshes(dims)
+    d = parallel_dims.ParallelDims.resolve(world, **parallel_dims.TITAN_DEGREES)
+    root = fmesh.make_mesh({"world": world})
+
+    def unflatten(**sizes: int) -> fmesh.Mesh:
+        return fmesh.unflatten(root, "world", sizes)
+
+    batch, efsdp = d.dp_replicate * d.dp_shard, d.dp_shard * d.cp * d.tp // d.ep
+    loading = unflatten(pp=d.pp, batch=batch, cp=d.cp, tp=d.tp)
+    dense = unflatten(
+        pp=d.pp, dp_replicate=d.dp_replicate, dp_shard=d.dp_shard, cp=d.cp, tp=d.tp
+    )
+    fwdbwd = unflatten(pp=d.pp, dp=batch, cp=d.cp, tp=d.tp)
+    sparse = unflatten(pp=d.pp, dp_replicate=d.dp_replicate, efsdp=efsdp, ep=d.ep)
+    loss = fmesh.flatten(loading["batch", "cp"], ("batch", "cp"), "loss_mesh")
+    # torchtitan's build_mesh at b5bcd76c6 keeps these (spmd_types, ep > 1).
     want = {
-        "dataloading": views["dataloading"],
-        "dense": views["dense_fsdp"],
-        "sparse": views["sparse"],
-        "loss": views["loss"],
-        "world": views["world"],
+        "world": root,
+        "dataloading": loading,
+        "loss": loss,
+        "dense": dense,
+        "sparse": sparse,
+        "spmd_dense_for_fwdbwd": fwdbwd["dp", "cp", "tp"],
+        "spmd_sparse_for_fwdbwd": sparse["dp_replicate", "efsdp", "ep"],
+        "pp": loading["pp"],
+        "batch": loading["batch"],
+        "dp_replicate": dense["dp_replicate"],
+        "cp": loading["cp"],
+        "tp": loading["tp"],
+        "ep": sparse["ep"],
+        "efsdp": sparse["efsdp"],
+        "dp": fwdbwd["dp"],
+        "dp_shard": dense["dp_shard"],
     }
     for p in report.ranks:
-        by_name = {m.name: m for m in p.meshes}
-        assert set(want) <= set(by_name)
+        by_name = {n: m for m in p.meshes for n in m.name.split(", ")}
+        assert set(want) <= set(by_name), set(want) - set(by_name)
         for name, mesh in want.items():
             got = by_name[name]
-            assert got.shape == dict(mesh.shape)
+            assert got.returned
+            assert got.shape == dict(mesh.shape), name
             assert got.coordinate == fmesh.coordinate(mesh, p.rank)
             for g in got.groups:
                 assert g.members() == fmesh.group(mesh, g.axis, p.rank), (p.rank, name)
-        # The 1-d meshes torchtitan hands out are slices of those views.
-        assert by_name["fsdp"].groups[0].members() == fmesh.group(
-            views["dense_fsdp"], "fsdp", p.rank
-        )
-        # The unflattens into the loading and sparse views and the loss flatten; at
-        # 512 ranks (dp_shard 1) the dense view's groups all exist by then: a hit.
+        # The unflattens into the loading view, the loss flatten, the dense storage
+        # and the sparse views; the forward/backward view is a memo hit (the loading
+        # view's groups). torch makes no group itself.
         summaries = [c.summary for c in p.calls]
-        assert [s.split("(")[1].split(",")[0] for s in summaries] == ["pp=8", "loss=8", "pp=8"]
+        assert [s.split("(")[1].split(",")[0] for s in summaries] == [
+            "pp=8",
+            "loss_mesh=8",
+            "pp=8",
+            "pp=8",
+        ]
+        assert p.torch_calls == ()
     assert [p.rank for p in report.ranks] == ranks
 
 
@@ -337,7 +369,9 @@ def torch_state():
     methods = DeviceMesh.__dict__
     return (tdm.init_device_mesh, dist.init_device_mesh, plan_targets.init_device_mesh,
             methods["__init__"], methods["_init_process_groups"].__func__,
-            dist.init_process_group, c10d.init_process_group)
+            dist.init_process_group, c10d.init_process_group,
+            methods["_init_one_process_group"].__func__, c10d._new_process_group_helper,
+            c10d._new_group_with_tag, dist.split_group, c10d.split_group, tdm.split_group)
 
 before = torch_state()
 report = fmesh.plan(plan_targets.torch_trainer, world=8, ranks=[0, 5])
@@ -367,9 +401,9 @@ def test_torch_is_routed_for_the_plan_and_restored_after() -> None:
     assert result.returncode == 0, result.stderr
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
     # torch's functions everywhere (init_process_group too: the planned trainer
-    # started its own NCCL group, which the fake world stood in for), and
-    # DeviceMesh's own methods.
-    assert lines["restored"] == "[True, True, True, True, True, True, True]"
+    # started its own NCCL group, which the fake world stood in for), DeviceMesh's
+    # own methods, and the c10d functions the plan observes group creation in.
+    assert lines["restored"] == str([True] * 13)
     assert lines["hook"] == "False"  # fmesh's hook was not installed before: it is gone
     assert lines["routed"] == "[True, True]"  # the module-level import saw the drop-in
     assert lines["kept"] == "True"
@@ -390,7 +424,7 @@ def test_cli_plans_torchtitan_and_finds_the_planted_bug() -> None:
         f"fmesh plan {TITAN}: 4 of 512 ranks, each on a fresh fake world"
     )
     assert (
-        "cross-rank check: the 4 planned ranks make the same 3 creating realize calls"
+        "cross-rank check: the 4 planned ranks make the same 4 creating realize calls"
         in good.stdout
     )
     assert good.stdout.count("\nrank ") == 4
@@ -399,8 +433,9 @@ def test_cli_plans_torchtitan_and_finds_the_planted_bug() -> None:
     verdict = bad.stdout.rstrip().splitlines()[-1]
     assert verdict.startswith(
         "cross-rank check FAILED: ranks 0 and 511 disagree at realize call #1: rank 0 "
-        "realizes Mesh(pp=8, batch=4, cp=2, tp=8) on fake after 1 memoized realize call "
-        "(Mesh(world=512) on fake), rank 511 realizes Mesh(pp=8, batch=8, cp=2, tp=4)"
+        "realizes Mesh(pp=8, batch=4, cp=2, tp=8) on cpu:gloo,cuda:nccl after 1 memoized "
+        "realize call (Mesh(world=512) on cpu:gloo,cuda:nccl), rank 511 realizes "
+        "Mesh(pp=8, batch=8, cp=2, tp=4)"
     )
 
 
@@ -431,7 +466,10 @@ def test_cli_function_that_raises_exits_1_with_its_traceback() -> None:
     [
         (("plan", TITAN), "needs --world N"),
         (("plan", "--world", "8", "--rank", "sample:0", TITAN), "sample:K needs K >= 1"),
-        (("plan", "--world", "8", "--rank", "some:3", TITAN), "neither ranks nor sample:K"),
+        (
+            ("plan", "--world", "8", "--rank", "some:3", TITAN),
+            "neither ranks, sample:K nor all",
+        ),
         (("plan", "--world", "8", "--rank", "9", TITAN), "not in the world of 8 ranks"),
         (("plan", "--world", "8", "--flatten", "a,b", TITAN), "--flatten is for a mesh spec"),
         (("plan", "--world", "8", "examples/nothing.py:f"), "no file examples/nothing.py"),

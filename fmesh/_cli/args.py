@@ -260,17 +260,31 @@ def refuse_unknown_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | 
     args, extra = parser.parse_known_args(argv)
     if not extra:
         return
-    sub = _subparsers(parser).get(getattr(args, "command", None) or "")
-    known = [
-        o for a in (sub or parser)._actions for o in a.option_strings if o.startswith("--")
-    ]
+    subs = _subparsers(parser)
+    command = getattr(args, "command", None) or ""
+    sub = subs.get(command)
+    known = _flags(sub or parser)
     for item in extra:
         flag = item.partition("=")[0]
         if flag.startswith("-"):
+            others = [n for n, p in subs.items() if n != command and flag in _flags(p)]
             close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]}?" if close else ""
+            if others:
+                other = subs[others[0]]
+                action = next(a for a in other._actions if flag in a.option_strings)
+                metavar = f" {action.metavar}" if isinstance(action.metavar, str) else ""
+                hint = (
+                    f"; {flag} is an option of 'fmesh {others[0]}' (fmesh {others[0]} "
+                    f"{flag}{metavar} ...), not of 'fmesh {command}'"
+                )
+            else:
+                hint = f"; did you mean {close[0]}?" if close else ""
             (sub or parser).error(f"unrecognized argument {flag}{hint}")
     (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    return [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -1,10 +1,12 @@
-"""The ``fmesh`` command line: parse arguments, then draw a mesh or dry-run realize.
+"""The ``fmesh`` command line: parse arguments, then draw a mesh, dry-run realize of a
+mesh spec for one rank, or plan a trainer's own mesh code for chosen ranks.
 
     python -m fmesh describe "pp=2,dp=4,tp=8" --rank 5 --flatten dp,tp
     python -m fmesh describe "dp=2,tp=4" --json
     python -m fmesh describe "dp=4,tp=2" --lost 3,5 --shrink dp --replace 0=8
     python -m fmesh plan --world 131072 "pp=16,dp=256,cp=4,tp=8" --rank 5
     python -m fmesh plan --world 2**17 --rank sample:16 examples/parallel_dims.py:torchtitan
+    python -m fmesh plan --world 64 --rank all examples/parallel_dims.py:torchtitan
 
 This module only dispatches: the mesh flags are parsed in ``fmesh._cli.args``, the
 text of ``describe`` comes from ``fmesh._cli.describe`` (pure), the host analysis from
@@ -163,7 +165,9 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = _Parser(
         prog="fmesh",
-        description="Draw an fmesh mesh, or dry-run realize for one rank on the fake backend.",
+        description="Draw an fmesh mesh (describe); dry-run a mesh spec for one rank, or "
+        "run a trainer's own mesh code for chosen ranks and compare them, on torch's fake "
+        "backend (plan).",
     )
     parser.add_argument("--version", action="version", version=f"fmesh {__version__}")
     parser.add_argument(
@@ -243,8 +247,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p = sub.add_parser(
         "plan",
-        help="dry-run a mesh spec, or a trainer's module:function, for chosen ranks "
-        "(fake backend)",
+        help="dry-run a mesh spec for one rank, or run a trainer's module:function for "
+        "chosen ranks and compare their group-creating calls (fake backend)",
     )
     common(
         p,
@@ -262,9 +266,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rank",
         default=None,
-        metavar="R[,R...]|sample:K",
-        help="the rank (spec: one, default 0); for module:function, ranks or sample:K "
-        "(K ranks spread over the world; default sample:8)",
+        metavar="R[,R...]|sample:K|all",
+        help="the rank (spec: one, default 0); for module:function, ranks, sample:K "
+        "(K ranks spread over the world; default sample:8; it can miss a rank that "
+        "alone diverges) or all (every rank, worlds up to 4096)",
     )
     p.add_argument(
         "--json",
@@ -274,7 +279,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--backend",
         default=None,
-        help="spec only: backend of the real run, for the report (default nccl)",
+        help="the default group's backend at launch: for a spec, named in the report "
+        "(default nccl); for module:function, what its realize calls name where its own "
+        "code starts no group (default cpu:gloo,cuda:nccl)",
     )
     return parser
 

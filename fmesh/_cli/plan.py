@@ -2,9 +2,10 @@
 
 The target is ``package.module:function`` (imported with the current directory on
 the path, as ``python -m`` does) or ``path/to/file.py:function``. ``--rank`` takes
-ranks (``0,5,131071``) or ``sample:K``. The work is ``fmesh.plan()``; this module
-parses, loads the target and prints. Exit status: 0 when the planned ranks agree, 1
-when they diverge (or the function raised), 2 for bad arguments.
+ranks (``0,5,131071``), ``sample:K`` or ``all`` (worlds up to ``MAX_ALL`` ranks).
+The work is ``fmesh.plan()``; this module parses, loads the target and prints. Exit
+status: 0 when the planned ranks agree, 1 when they diverge (or the function raised),
+2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
@@ -23,7 +25,17 @@ import attrs
 
 from .args import CliError, parse_count, parse_ranks
 
-__all__ = ["is_target", "load_target", "parse_rank_arg", "plan_command", "plan_target"]
+__all__ = [
+    "MAX_ALL",
+    "is_target",
+    "load_target",
+    "parse_rank_arg",
+    "plan_command",
+    "plan_target",
+]
+
+MAX_ALL = 4096
+"""``--rank all`` plans every rank one after the other: worlds up to this size."""
 
 
 def is_target(text: str) -> bool:
@@ -31,14 +43,23 @@ def is_target(text: str) -> bool:
     return ":" in text and "=" not in text
 
 
-def parse_rank_arg(text: str) -> tuple[tuple[int, ...] | None, int | None]:
-    """``--rank``: (ranks, None) for ``0,5``, (None, K) for ``sample:K``."""
+def parse_rank_arg(text: str, world: int) -> tuple[tuple[int, ...] | None, int | None]:
+    """``--rank``: (ranks, None) for ``0,5`` (every rank for ``all``), (None, K) for
+    ``sample:K``."""
+    if text.strip() == "all":
+        if world > MAX_ALL:
+            raise CliError(
+                f"--rank all plans each of the {world} ranks in turn; it takes worlds up "
+                f"to {MAX_ALL} ranks. Plan a sample (--rank sample:64), or the ranks you "
+                "suspect (--rank 0,77,131071)"
+            )
+        return tuple(range(world)), None
     kind, colon, count = text.strip().partition(":")
     if colon:
         if kind.strip() != "sample":
             raise CliError(
-                f'--rank "{text}" is neither ranks nor sample:K; write e.g. --rank 0,5 '
-                "or --rank sample:16"
+                f'--rank "{text}" is neither ranks, sample:K nor all; write e.g. --rank '
+                "0,5, --rank sample:16 or --rank all"
             )
         k = parse_count(count, "the K of --rank sample:K")
         if k < 1:
@@ -77,20 +98,27 @@ def load_target(text: str) -> Callable[[], object]:
             raise CliError(f'"{text}": no module {where!r} ({err})') from None
     fn = getattr(module, name, None)
     if not callable(fn):
+        # Its own functions only, not the names it imported.
         found = sorted(
-            k for k, v in vars(module).items() if callable(v) and not k.startswith("_")
+            k
+            for k, v in vars(module).items()
+            if inspect.isfunction(v)
+            and v.__module__ == module.__name__
+            and not k.startswith("_")
         )
-        raise CliError(
-            f'"{text}": {where} has no function {name!r}; it has {", ".join(found[:12])}'
-        )
+        more = f" and {len(found) - 40} more" if len(found) > 40 else ""
+        has = f"its functions: {', '.join(found[:40])}{more}" if found else "it defines none"
+        raise CliError(f'"{text}": {where} has no function {name!r}; {has}')
     return cast("Callable[[], object]", fn)
 
 
-def plan_target(target: str, *, world: int, rank: str, as_json: bool) -> tuple[str, int]:
+def plan_target(
+    target: str, *, world: int, rank: str, as_json: bool, backend: str | None = None
+) -> tuple[str, int]:
     """Plan ``target``; the text (or JSON) to print and the exit status."""
     if world < 1 or world > 2**31 - 1:
         raise CliError(f"--world {world} is out of range; expected 1..{2**31 - 1} ranks")
-    ranks, sample = parse_rank_arg(rank)
+    ranks, sample = parse_rank_arg(rank, world)
     if ranks is not None and any(not 0 <= r < world for r in ranks):
         raise CliError(
             f"--rank {rank} is not in the world of {world} ranks; expected 0..{world - 1}"
@@ -98,6 +126,10 @@ def plan_target(target: str, *, world: int, rank: str, as_json: bool) -> tuple[s
     fn = load_target(target)
     if "torch" not in sys.modules:
         print("fmesh plan: importing torch ...", file=sys.stderr, flush=True)
+    if backend is not None:
+        from .._runtime.checks import check_backend
+
+        check_backend(backend, "--backend")
     from .._plan.render import plan_json, plan_text, rank_line
     from .._plan.report import RankPlan
     from .._plan.run import plan
@@ -112,7 +144,9 @@ def plan_target(target: str, *, world: int, rank: str, as_json: bool) -> tuple[s
             print(f"[{done[0]}/{total}] {rank_line(p)}", file=sys.stderr, flush=True)
 
     try:
-        report = plan(fn, world=world, ranks=ranks, sample=sample, on_rank=progress)
+        report = plan(
+            fn, world=world, ranks=ranks, sample=sample, backend=backend, on_rank=progress
+        )
     except Exception:
         traceback.print_exc()
         print(f"fmesh plan: {target} raised (see above)", file=sys.stderr)
@@ -126,7 +160,6 @@ def plan_command(args: argparse.Namespace) -> tuple[str, int]:
     spec_only = {
         "--flatten": bool(args.flatten),
         "--unflatten": bool(args.unflatten),
-        "--backend": args.backend is not None,
         "--local-world-size": args.local_world_size != "8",
     }
     given = [flag for flag, used in spec_only.items() if used]
@@ -145,4 +178,5 @@ def plan_command(args: argparse.Namespace) -> tuple[str, int]:
         world=parse_count(args.world, "--world"),
         rank=args.rank or "sample:8",
         as_json=args.json,
+        backend=args.backend,
     )

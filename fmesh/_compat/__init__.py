@@ -7,7 +7,9 @@ name appears outside this package. ``c10d.py``: process groups and stores;
 read that never waits (it imports no torch until a store is made); ``dtensor.py``:
 DTensor placements; ``mesh.py``: DeviceMesh; ``hook.py``: the routing of torch's
 DeviceMesh methods (and the environment switches); ``nccl.py``: which NCCL backend
-makes a group, and whether its creation may wait in the watch's store.
+makes a group, and whether its creation may wait in the watch's store; ``planning.py``:
+every group torch makes on ``fmesh plan``'s fake world, observed and played by the fake
+backend.
 """
 
 from typing import TYPE_CHECKING

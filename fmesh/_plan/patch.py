@@ -1,6 +1,8 @@
 """torch's own ``init_device_mesh`` and DeviceMesh methods routed through fmesh, for
 the duration of a plan, and torch restored afterwards (``init_process_group`` too,
-which the plan's fake world stands in for).
+which the plan's fake world stands in for, and ``split_group``, which it plays).
+Every group torch itself makes meanwhile is reported to the rank's recorder
+(``_compat/planning.py``), and real backends are played by the fake one.
 
 A trainer that imported ``init_device_mesh`` from torch holds torch's function in its
 own module (``from torch.distributed.device_mesh import init_device_mesh``), so
@@ -54,39 +56,72 @@ def routed_torch() -> Iterator[bool]:
     import torch.distributed.device_mesh as torch_device_mesh
 
     from .._compat.hook import install, installed, uninstall
+    from .._compat.planning import observing, planned_split_group
+    from .._runtime.launch import play_backend
     from .._torch.dropin import init_device_mesh as dropin
+    from .events import active
 
     original: Callable[..., Any] = torch_device_mesh.init_device_mesh
     if original is dropin:  # an outer plan routes already
         yield installed()
         return
     torch_init: Callable[..., Any] = dist.init_process_group
+    torch_split: Callable[..., Any] = dist.split_group
+    recorders = active()
 
     @functools.wraps(torch_init)
     def init_process_group(*args: Any, **kwargs: Any) -> None:
         if dist.is_initialized() and dist.get_backend() == "fake":
-            return  # the plan's fake world stands in for the job's default group
+            # The plan's fake world stands in for the job's default group; the
+            # backend asked for is what a launch's calls would name.
+            asked = kwargs.get("backend", args[0] if args else None)
+            backend = "undefined" if not asked else str(dist.Backend(str(asked)))
+            play_backend(backend)
+            if recorders:
+                recorders[-1].init_call(backend)
+            return
         torch_init(*args, **kwargs)
 
-    replacements = {id(original): dropin, id(torch_init): init_process_group}
+    class _Observer:
+        def torch_call(self, call: Any) -> None:
+            if recorders:
+                recorders[-1].torch_call(call)
+
+        def dim_call(self, call: Any) -> None:
+            if recorders:
+                recorders[-1].dim_call(call)
+
+    observer = _Observer()
+    split_group = functools.wraps(torch_split)(planned_split_group(torch_split, observer))
+    replacements = {
+        id(original): dropin,
+        id(torch_init): init_process_group,
+        id(torch_split): split_group,
+    }
     had_hook = installed()
-    before = holders(original, torch_init, dropin)
+    before = holders(original, torch_init, torch_split, dropin)
     own = {(id(ns), k) for ns, k in before.pop(id(dropin))}
-    swapped = [(ns, k, v) for v in (original, torch_init) for ns, k in before[id(v)]]
+    swapped = [
+        (ns, k, v) for v in (original, torch_init, torch_split) for ns, k in before[id(v)]
+    ]
     for namespace, key, value in swapped:
         namespace[key] = replacements[id(value)]
     try:
-        yield install()
+        with observing(observer):
+            yield install()
     finally:
         for namespace, key, value in swapped:
             if namespace.get(key) is replacements[id(value)]:
                 namespace[key] = value
         # Modules imported meanwhile picked up the replacements: point them back too.
-        after = holders(dropin, init_process_group)
+        after = holders(dropin, init_process_group, split_group)
         for namespace, key in after[id(dropin)]:
             if (id(namespace), key) not in own:
                 namespace[key] = original
         for namespace, key in after[id(init_process_group)]:
             namespace[key] = torch_init
+        for namespace, key in after[id(split_group)]:
+            namespace[key] = torch_split
+        play_backend(None)
         if not had_hook:
             uninstall()

@@ -1,5 +1,6 @@
-"""What ``fmesh plan`` found, as values: per rank the meshes it built and the groups it
-holds, and the first realize call where two planned ranks would disagree.
+"""What ``fmesh plan`` found, as values: per rank the meshes it built, the groups it
+holds, the group-creating calls it made (fmesh's realize calls and torch's own), and
+the first call where two planned ranks would disagree at launch.
 
 Pure (attrs and the core's queries): the runner (``run.py``) fills these in, the
 renderer (``render.py``) prints them. Group members are computed on demand from the
@@ -28,9 +29,10 @@ __all__ = [
 ]
 
 _HELP = (
-    "Every rank must build the same meshes in the same order (SPMD): look for mesh "
-    "sizes or names computed from something rank-dependent (the rank, the host, a "
-    "local config file or device count), and for mesh code run on some ranks only."
+    "Every rank must build the same meshes and process groups in the same order "
+    "(SPMD): look for mesh sizes, names, backends or group ranks computed from "
+    "something rank-dependent (the rank, the host, a local config file or device "
+    "count), and for mesh code run on some ranks only."
 )
 
 
@@ -85,6 +87,11 @@ class MeshPlan:
     """This rank's group along each axis (empty off the mesh)."""
     new_groups: int
     """Groups this mesh brought that no earlier mesh of the rank used."""
+    returned: bool = False
+    """The planned function returned it (by name); else only realized."""
+    outside: bool = False
+    """A DeviceMesh whose groups fmesh did not make (torch's own calls made them: see
+    the rank's calls); ``groups`` is empty then."""
 
     @property
     def shape(self) -> dict[str, int]:
@@ -92,23 +99,55 @@ class MeshPlan:
         return dict(zip(self.axis_names, self.sizes, strict=True))
 
 
+REALIZE = "realize"
+"""``PlannedCall.kind`` of fmesh's creating realize calls."""
+
+
 @final
 @attrs.frozen
 class PlannedCall:
-    """A realize call that creates groups, as the agreement of a launch sees it."""
+    """A call that creates process groups, as a launch needs every rank to make it.
+
+    Either fmesh's creating realize call (``kind == "realize"``: what fmesh's
+    agreement compares), or a call of torch's own API that made groups fmesh did not
+    make: ``init_process_group``, ``new_group``, ``split_group``, ``DeviceMesh`` (the
+    groups of one dimension of a DeviceMesh torch built itself, from a tensor or by an
+    ``init_device_mesh`` fmesh did not route), ``_new_process_group_helper`` (another
+    library's). torch requires every rank to make these in the same order with the
+    same ranks, backend and options; the members only, for a ``new_group`` with
+    ``use_local_synchronization=True``.
+    """
 
     number: int
-    """Its number among the rank's creating calls (1, 2, ...)."""
+    """Its number among the rank's calls of its kind: realize calls (1, 2, ...) as a
+    launch's agreement numbers them; torch's calls counted apart."""
     code: int
-    """The digest every rank must publish alike (the call and the memo hits before it)."""
+    """Equal on two ranks exactly when a launch would match the calls: for realize,
+    the digest every rank publishes (the call and the memo hits before it); for
+    torch's calls, the ranks, the backend and options asked for."""
     summary: str
-    """The mesh, backends and options, in words."""
+    """The call in words: for realize the mesh, backends and options; for torch's
+    calls what was called, with what."""
     history: str
-    """The memo hits since the previous creating call, in words ("" if none)."""
+    """The memo hits since the previous creating realize call, in words ("" if
+    none)."""
+    kind: str = REALIZE
+    members: tuple[int, ...] | None = None
+    """The ranks that make the call (the members of a local ``new_group``);
+    ``None``: every rank of the world."""
+    held: tuple[int, ...] | None = None
+    """torch's calls: this rank's group (the first ranks of it for a long one);
+    ``None``: not a member, or a realize call."""
 
     def says(self, rank: int) -> str:
         done = f" after {self.history}" if self.history else ""
-        return f"rank {rank} realizes {self.summary}{done}"
+        if self.kind == REALIZE:
+            return f"rank {rank} realizes {self.summary}{done}"
+        return f"rank {rank} calls {self.summary}"
+
+    def involves(self, rank: int) -> bool:
+        """Whether ``rank`` must make this call too."""
+        return self.members is None or rank in self.members
 
 
 @final
@@ -119,7 +158,7 @@ class RankPlan:
     rank: int
     meshes: tuple[MeshPlan, ...]
     calls: tuple[PlannedCall, ...]
-    """The creating realize calls, in order (what a launch agrees on)."""
+    """The group-creating calls, in order (what a launch needs every rank to make)."""
     created: int
     """Process groups fmesh created for this rank (``fmesh.cache_stats().created``)."""
     held: int
@@ -133,38 +172,86 @@ class RankPlan:
     (``None`` where the platform cannot reset the peak: not Linux)."""
     memory_growth: int | None
     """``peak_memory`` less the resident memory before the call, in bytes."""
+    tail: str = ""
+    """The memo hits after the last creating realize call, in words ("" if none):
+    calls a launch matches with no other rank's, named when another rank creates
+    groups there."""
+
+    @property
+    def realize_calls(self) -> tuple[PlannedCall, ...]:
+        """The creating realize calls (what fmesh's agreement compares)."""
+        return tuple(c for c in self.calls if c.kind == REALIZE)
+
+    @property
+    def torch_calls(self) -> tuple[PlannedCall, ...]:
+        """torch's own group-creating calls: groups fmesh did not make."""
+        return tuple(c for c in self.calls if c.kind != REALIZE)
 
 
 @final
 @attrs.frozen
 class PlanDivergence:
-    """The first creating call where two planned ranks differ: a launch would raise
-    ``fmesh.MeshMismatchError`` there (torch's own DeviceMesh would hang)."""
+    """The first group-creating call where two planned ranks differ: a launch would
+    raise ``fmesh.MeshMismatchError`` there (fmesh's realize) or hang in torch's group
+    creation (torch's own calls, as torch's own DeviceMesh would)."""
 
     number: int
-    """The creating call's number (1, 2, ...)."""
+    """The call's position among the calls both ranks must make (1, 2, ...): the
+    realize call's number when only realize calls are made."""
     ranks: tuple[int, int]
     calls: tuple[PlannedCall | None, PlannedCall | None]
     """Each rank's call at ``number`` (``None``: it makes no such call)."""
+    tails: tuple[str, str] = ("", "")
+    """Each rank's memo hits after its last creating realize call, in words."""
 
     @property
     def message(self) -> str:
         """The divergence in words, as a launch's ``MeshMismatchError`` would say it."""
         (a, b), (ca, cb) = self.ranks, self.calls
-        where = f"realize call #{self.number}"
+        made = [c for c in (ca, cb) if c is not None]
+        realize = all(c.kind == REALIZE for c in made)
+        where = (
+            f"realize call #{made[0].number}"
+            if realize and all(c.number == self.number for c in made)
+            else f"group-creating call #{self.number} (fmesh's creating realize calls and "
+            "torch's own group calls, in order)"
+        )
         if ca is None or cb is None:
-            maker, made, idle = (b, cb, a) if ca is None else (a, ca, b)
-            assert made is not None
-            reason = (
-                f"rank {idle} makes only {self.number - 1} creating realize calls, while "
-                f"at {where} {made.says(maker)}: on a launch rank {maker} waits for rank "
-                f"{idle} there and raises MeshMismatchError after the timeout"
+            maker, call, idle = (b, cb, a) if ca is None else (a, ca, b)
+            assert call is not None
+            tail = self.tails[0] if ca is None else self.tails[1]
+            count = (
+                f"{self.number - 1} creating realize calls"
+                if realize
+                else (f"{self.number - 1} group-creating calls")
             )
-        elif ca.summary == cb.summary:
+            instead = (
+                f" (after them it makes {tail}, which create nothing: a memo hit is "
+                "matched with no other rank)"
+                if tail
+                else ""
+            )
+            wait = (
+                f"on a launch rank {maker} waits for rank {idle} there and raises "
+                "MeshMismatchError after the timeout"
+                if call.kind == REALIZE
+                else f"on a launch torch's group creation on rank {maker} waits for rank "
+                f"{idle} there until torch's timeout"
+            )
+            reason = (
+                f"rank {idle} makes only {count}{instead}, while at {where} "
+                f"{call.says(maker)}: {wait}"
+            )
+        elif ca.kind == cb.kind == REALIZE and ca.summary == cb.summary:
             reason = (
                 f"ranks {a} and {b} disagree at {where}: both realize {ca.summary}, but not "
                 f"after the same calls: rank {a} made {ca.history or 'none'}, rank {b} "
                 f"made {cb.history or 'none'}"
+            )
+        elif ca.summary == cb.summary:
+            reason = (
+                f"ranks {a} and {b} disagree at {where}: both call {ca.summary}, but the "
+                "groups or options differ (on other ranks than these)"
             )
         else:
             reason = f"ranks {a} and {b} disagree at {where}: {ca.says(a)}, {cb.says(b)}"
@@ -186,11 +273,12 @@ class PlanReport:
     world: int
     ranks: tuple[RankPlan, ...]
     divergence: PlanDivergence | None
-    """The first creating call where two ranks differ (``None``: they all agree)."""
+    """The first group-creating call where two ranks differ (``None``: they all
+    agree)."""
 
     @property
     def ok(self) -> bool:
-        """The planned ranks make the same creating calls, in the same order."""
+        """The planned ranks make the same group-creating calls, in the same order."""
         return self.divergence is None
 
     def rank(self, rank: int) -> RankPlan:
@@ -207,7 +295,11 @@ class PlanReport:
 
 
 def first_divergence(plans: Sequence[RankPlan]) -> PlanDivergence | None:
-    """The earliest creating call where a planned rank differs from the first one.
+    """The earliest call where a planned rank differs from the first one (then, where
+    some calls involve only their members, where any two planned ranks differ).
+
+    Two ranks must make, in the same order, the calls that involve both: every call
+    but a local ``new_group``, which only its members make.
 
     >>> c = lambda n, code: PlannedCall(n, code, f"Mesh(#{code})", "")
     >>> p = lambda r, *calls: RankPlan(r, (), calls, 0, 0, 0, 0.0, None, None)
@@ -219,13 +311,40 @@ def first_divergence(plans: Sequence[RankPlan]) -> PlanDivergence | None:
     if len(plans) < 2:
         return None
     base = plans[0]
-    longest = max(len(p.calls) for p in plans)
-    for i in range(longest):
-        mine = base.calls[i] if i < len(base.calls) else None
-        for other in plans[1:]:
-            theirs = other.calls[i] if i < len(other.calls) else None
-            if (mine is None) != (theirs is None) or (
-                mine is not None and theirs is not None and mine.code != theirs.code
-            ):
-                return PlanDivergence(i + 1, (base.rank, other.rank), (mine, theirs))
+    found = _earliest(base, plans[1:])
+    if found is not None:
+        return found
+    # Every rank then makes the same calls of the whole world as the first one; two
+    # other ranks can still differ in a local call that both make.
+    by_rank = {p.rank: p for p in plans}
+    pairs: set[tuple[int, int]] = set()
+    for p in plans[1:]:
+        for c in p.calls:
+            for r in c.members or ():
+                if r in by_rank and r not in (p.rank, base.rank):
+                    pairs.add((min(p.rank, r), max(p.rank, r)))
+    for a, b in sorted(pairs):
+        found = _earliest(by_rank[a], [by_rank[b]])
+        if found is not None:
+            return found
     return None
+
+
+def _earliest(base: RankPlan, others: Sequence[RankPlan]) -> PlanDivergence | None:
+    """The earliest position where ``base`` and one of ``others`` differ, comparing
+    the calls that involve both, in order."""
+    best: PlanDivergence | None = None
+    for other in others:
+        mine = [c for c in base.calls if c.involves(other.rank)]
+        theirs = [c for c in other.calls if c.involves(base.rank)]
+        for i in range(max(len(mine), len(theirs))):
+            if best is not None and i + 1 >= best.number:
+                break
+            x = mine[i] if i < len(mine) else None
+            y = theirs[i] if i < len(theirs) else None
+            if x is None or y is None or x.code != y.code:
+                best = PlanDivergence(
+                    i + 1, (base.rank, other.rank), (x, y), (base.tail, other.tail)
+                )
+                break
+    return best

@@ -20,6 +20,7 @@ __all__ = [
     "current_world",
     "ensure_default_group",
     "init_fake_world",
+    "play_backend",
 ]
 
 logger = logging.getLogger("fmesh")
@@ -27,6 +28,17 @@ logger = logging.getLogger("fmesh")
 _init_lock = threading.Lock()
 """Serializes the first initialization of the default group (which waits on peers,
 so it is not the memo lock)."""
+
+_played: list[str] = []
+"""On a fake world: the backend the planned trainer started its default group with."""
+
+
+def play_backend(backend: str | None) -> None:
+    """On a fake world, let realize take the default group's backend to be
+    ``backend`` (the one the planned trainer's ``init_process_group`` asked for), as
+    a launch would: the calls it codes and compares name it. ``None``: ``fake``."""
+    _played[:] = [] if backend is None else [backend]
+
 
 _LAUNCH_HELP = """\
 fmesh.realize() found no default process group and cannot create one: the torchrun
@@ -173,12 +185,13 @@ def current_world(backend: object) -> World:
             state.world = world_pg
         state.debug = debug_detail()
         intact = not state.loss.lost
+    fake = world_backend == "fake"
     return World(
         pg=world_pg,
         size=dist.get_world_size(),
         rank=dist.get_rank(),
-        backend=world_backend,
-        fake=world_backend == "fake",
+        backend=_played[0] if fake and _played else world_backend,
+        fake=fake,
         eager=getattr(world_pg, "bound_device_id", None) is not None,
         intact=intact,
     )
