@@ -17,7 +17,10 @@ import pytest
 import fmesh
 from fmesh import _compat as _c10d
 from fmesh._core.queries import placement
+from fmesh._core.rank_map import rank_map_key
+from fmesh._runtime import creation as _creation
 from fmesh._runtime import groups as _groups
+from fmesh._runtime import launch as _launch
 from fmesh._runtime import memo as _memo
 
 Call = tuple[str, tuple[int, ...], str]
@@ -56,7 +59,7 @@ def _run(
     explicit: bool = False,
 ) -> object:
     # An eagerly initialized NCCL world (a bound device).
-    world = _groups.World(
+    world = _launch.World(
         pg=WORLD_PG, size=8, rank=me, backend="cpu:gloo,cuda:nccl", fake=False, eager=True
     )
     return _axis_group(mesh, axis, world, backend, explicit)
@@ -78,8 +81,9 @@ def _axis_group(
         options_id=0,
         explicit=explicit,
         ranks=ranks[pos],
+        key=(mesh.axes[pos], mesh.index_size, rank_map_key(mesh), backend, 0),
     )
-    pg, _ = _memo.state.axis(request.key, lambda: _groups.create(request, world, None, None))
+    pg, _ = _creation.axis_group(request, world, None, None)
     return pg
 
 
@@ -181,7 +185,7 @@ def _lose(ranks: set[int], world: int = 8) -> None:
 
 
 def _run_after_loss(mesh: fmesh.Mesh, axis: str, backend: str = "nccl") -> object:
-    world = _groups.World(
+    world = _launch.World(
         pg=WORLD_PG,
         size=8,
         rank=ME,

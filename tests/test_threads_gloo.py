@@ -181,10 +181,12 @@ def test_threads_that_race_into_other_orders_raise(tmp_path: Path) -> None:
 
 
 def test_a_streams_calls_take_turns_and_a_failure_dooms_those_queued() -> None:
-    """The turn bookkeeping alone (``Stream``; realize holds the lock around it)."""
+    """The turn bookkeeping alone (``StreamState``; ``turns.turn`` holds the lock around
+    it)."""
+    from fmesh._runtime.memo import StreamState
     from fmesh._runtime.stream import Stream
 
-    s = Stream[int]("t")
+    s = StreamState(Stream("t"))
     first, second = s.enter(), s.enter()
     assert s.ready(first) and not s.ready(second)
     s.leave(first, "ranks 0 and 1 disagree at realize call #1")

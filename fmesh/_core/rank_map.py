@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from typing import final
+from typing import Protocol, final
 
 import attrs
 import numpy as np
@@ -19,7 +19,14 @@ import numpy.typing as npt
 
 from .errors import MeshError
 
-__all__ = ["RankMapInfo", "rank_map_info"]
+__all__ = [
+    "RankMapInfo",
+    "RankSpace",
+    "WorldKey",
+    "rank_map_info",
+    "rank_map_key",
+    "world_key",
+]
 
 _CACHE_ENTRIES = 32
 _lock = threading.Lock()
@@ -107,3 +114,26 @@ def rank_map_info(ranks: tuple[int, ...]) -> RankMapInfo:
         while len(_cache) > _CACHE_ENTRIES:
             _cache.popitem(last=False)
     return info
+
+
+class RankSpace(Protocol):
+    """What names a rank space: a ``Mesh`` (its index space and rank map)."""
+
+    @property
+    def index_size(self) -> int: ...
+    @property
+    def rank_map(self) -> tuple[int, ...] | None: ...
+
+
+WorldKey = tuple[int, str]
+"""(index space size, rank-map digest): the rank space a mesh lives in."""
+
+
+def rank_map_key(mesh: RankSpace) -> str:
+    """The rank map's part of memo keys: its digest ("" without a rank map)."""
+    return "" if mesh.rank_map is None else rank_map_info(mesh.rank_map).digest
+
+
+def world_key(mesh: RankSpace) -> WorldKey:
+    """The rank space ``mesh`` lives in, as a memo key."""
+    return (mesh.index_size, rank_map_key(mesh))

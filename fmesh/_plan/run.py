@@ -215,7 +215,7 @@ def trailing_hits() -> str:
     """The memo hits since the last creating realize call, per stream, in words."""
     with state.lock:
         return "; ".join(
-            s.describe_history() + stream_words(name)
+            s.stream.describe_history() + stream_words(name)
             for name, s in state.streams.items()
-            if s.hits
+            if s.stream.hits
         )

@@ -1,9 +1,10 @@
 """A realize call, checked and laid out before anything is created.
 
 ``checked`` validates the arguments and keys the call in its stream's memo (all a
-repeated call needs). ``expand`` turns a new call into what ``realize`` carries
-out: the world it runs in, the ranks that agree, one request per axis, the call's code
-and its turn in the stream.
+repeated call needs, ``turns.py``). ``expand`` turns a new call, in its turn, into
+what ``creation.py`` carries out: the world it runs in, the ranks that agree, one
+request per axis (with its key in the axis memo), the call's code and its number in
+the stream (``stream.py``), and whether it agrees with every rank.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ from .._core.axes import axis_position
 from .._core.errors import MeshError
 from .._core.mesh import Mesh, require_mesh
 from .._core.queries import index_of, placement
-from .._core.rank_map import rank_map_info
+from .._core.rank_map import rank_map_info, rank_map_key
 from .checks import check_backend, check_timeout
-from .groups import AxisRequest, World, serves
-from .launch import current_world
-from .memo import rank_map_key, state
-from .stream import Stream, Turn, call_code, current_stream
+from .groups import AxisRequest
+from .launch import World, current_world, serves
+from .memo import state
+from .stream import Turn, call_code, current_stream
 
 if TYPE_CHECKING:
-    from .realized_mesh import RealizedMesh
+    from .memo import StreamState
 
 __all__ = ["Arguments", "Call", "Summary", "checked", "expand"]
 
@@ -89,7 +90,8 @@ class Call:
     code: int
     """The call's code, equal on every rank that makes the same call."""
     summary: Summary
-    stream: Stream[RealizedMesh]
+    stream: StreamState
+    """This process's side of the call's stream (``memo.py``)."""
     turn: Turn
     """The call's number and history in its stream (number 0: agrees with nobody)."""
     agrees: bool
@@ -142,7 +144,8 @@ def expand(args: Arguments) -> Call:
 
     live = live_groups()
     with state.lock:
-        stream: Stream[RealizedMesh] = state.stream(args.stream_name)
+        stream = state.stream(args.stream_name)
+        ids = [state.options_id(o, args.timeout) for o, _ in axis_args[1]]
         requests = tuple(
             AxisRequest(
                 mesh=mesh,
@@ -151,15 +154,18 @@ def expand(args: Arguments) -> Call:
                 member=coord is not None,
                 backend=b,
                 options=o,
-                options_id=_options_id(o, args.timeout),
+                options_id=oid,
                 explicit=named,
                 ranks=members,
+                key=(layout, mesh.index_size, rank_map, b, oid),
                 timeout=args.timeout,
             )
-            for name, layout, b, (_, named), (o, _), members in zip(
-                mesh.axis_names, mesh.axes, backends, *axis_args, ranks_per_axis
+            for name, layout, b, (_, named), (o, _), oid, members in zip(
+                mesh.axis_names, mesh.axes, backends, *axis_args, ids, ranks_per_axis
             )
         )
+        # A group destroyed or aborted since is forgotten: its axis is new again.
+        state.forget_dead(live, (r.key for r in requests))
         code = call_code(
             mesh.axis_names,
             tuple(layout.modes for layout in mesh.axes),
@@ -173,29 +179,13 @@ def expand(args: Arguments) -> Call:
             tuple((r.name, r.backend, r.options_id if r.options else 0) for r in requests),
             args.timeout,
         )
-        # A group destroyed or aborted since is forgotten: its axis is new again.
-        state.forget_dead(live, (r.key for r in requests))
         hit = all(r.key in stream.known or s for r, s in zip(requests, served))
         agrees = not hit or args.check or state.debug
-        turn = stream.turn(code, summary, agrees)
+        turn = stream.stream.turn(code, summary, agrees)
         generation = state.generation
     return Call(
         args, world, ranks, coord, requests, code, summary, stream, turn, agrees, generation
     )
-
-
-_timeout_tags: dict[tuple[int, datetime.timedelta], object] = {}
-
-
-def _options_id(options: object, timeout: datetime.timedelta | None) -> int:
-    """The options ordinal of an axis (under the state lock); with a timeout, that of
-    (options, timeout): groups made with another timeout are other groups, in the
-    memo, in their names and in the agreement's code."""
-    ordinal = state.options_ordinal(options)
-    if timeout is None:
-        return ordinal
-    tag = _timeout_tags.setdefault((ordinal, timeout), object())
-    return state.options_ordinal(tag)
 
 
 PerAxis = tuple[tuple[object, bool], ...]

@@ -1,4 +1,5 @@
-"""Creating the process groups of one realize call, axis by axis, for this rank only.
+"""Creating this rank's group along one axis of a realize call (``creation.py`` goes
+through the call's axes and keeps what is made).
 
 Each group is created once per process, with its ranks in coordinate order; how NCCL,
 gloo and size-1 axes are made: ``docs/design/agreement-protocol.md``. Nothing here
@@ -23,7 +24,8 @@ from .._core.mesh import Mesh
 from .._core.rank_map import rank_map_info
 from . import agreement as _agree
 from . import liveness
-from .memo import GroupKey, rank_map_key, state
+from .launch import World, serves
+from .memo import GroupKey, state
 from .stream import digest
 
 if TYPE_CHECKING:
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 
     from .._compat import Store
 
-__all__ = ["AxisRequest", "World", "create", "describing_groups", "serves"]
+__all__ = ["AxisRequest", "create", "describing_groups"]
 
 logger = logging.getLogger("fmesh")
 
@@ -60,35 +62,6 @@ def _desc(axis: str) -> str:
 
 @final
 @attrs.frozen(slots=True)
-class World:
-    """Facts about the default process group that shape every creation."""
-
-    pg: ProcessGroup
-    size: int
-    rank: int
-    backend: str
-    fake: bool
-    eager: bool
-    """The default group has a bound device (eagerly initialized NCCL)."""
-    intact: bool = True
-    """No rank was declared lost: the default group may still be used."""
-
-
-def serves(world: World, mesh: Mesh, layout: Layout, backend: str, options: object) -> bool:
-    """The default group is the group along ``layout`` on every rank (O(1)): the axis
-    is every rank of the world in rank order, on the world's backend and options."""
-    return (
-        world.intact
-        and options is None
-        and backend == world.backend
-        and mesh.rank_map is None
-        and mesh.index_size == world.size
-        and layout.modes == ((world.size, 1),)
-    )
-
-
-@final
-@attrs.frozen(slots=True)
 class AxisRequest:
     """One axis of a realize call, as this rank needs it."""
 
@@ -106,6 +79,9 @@ class AxisRequest:
     """This rank's group along the axis in coordinate order; off the mesh, the group at
     the mesh's first index (a non-member's part in a world-wide split); ``()`` where
     the default group serves the axis."""
+    key: Hashable
+    """The axis memo's key, the same on every rank that realizes the axis: (layout,
+    index space size, rank-map digest, backend, options id); ``call.py`` lays it out."""
     timeout: datetime.timedelta | None = None
     """The call's timeout: a group made with one is not the default group (and its
     ``options_id`` tells it from groups made without, see ``call.py``)."""
@@ -120,12 +96,6 @@ class AxisRequest:
         return self.timeout is None and serves(
             world, self.mesh, self.layout, self.backend, self.options
         )
-
-    @property
-    def key(self) -> Hashable:
-        """The memo key of the axis: the same on every rank that realizes it."""
-        m = self.mesh
-        return (self.layout, m.index_size, rank_map_key(m), self.backend, self.options_id)
 
 
 # -- one axis ------------------------------------------------------------------------------
@@ -146,7 +116,7 @@ def create(
     ticket: _agree.Ticket | None,
 ) -> tuple[ProcessGroup | None, int]:
     """Make (or find) this rank's group along one axis; returns (group, 1 if created
-    else 0). The caller keeps it in the axis memo (``State.axis``)."""
+    else 0). The caller keeps it in the axis memo (``creation.axis_group``)."""
     from .._compat import default_timeout
 
     if request.member and request.served_by_world(world):

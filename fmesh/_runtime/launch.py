@@ -1,6 +1,6 @@
 """Starting the default process group from the torchrun environment, and the facts
-about it that every realize call uses (the checks of backends, devices and timeouts
-are in ``checks.py``).
+about it that every realize call uses (``World``; ``serves``: the axes it is the group
+of). The checks of backends, devices and timeouts are in ``checks.py``.
 
 torch is imported inside the functions, never by ``import fmesh``.
 """
@@ -10,17 +10,27 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from typing import TYPE_CHECKING, final
+
+import attrs
 
 from .._compat import debug_detail
 from .._core.errors import LaunchError, MeshError
-from .groups import World
 from .memo import state
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from .._core.layout import Layout
+    from .._core.mesh import Mesh
+
 __all__ = [
+    "World",
     "current_world",
     "ensure_default_group",
     "init_fake_world",
     "play_backend",
+    "serves",
 ]
 
 logger = logging.getLogger("fmesh")
@@ -50,6 +60,35 @@ and MASTER_PORT for every process, e.g.
     torchrun --standalone --nproc-per-node 4 train.py
 
 or call torch.distributed.init_process_group(...) yourself before realize()."""
+
+
+@final
+@attrs.frozen(slots=True)
+class World:
+    """Facts about the default process group that shape every creation."""
+
+    pg: ProcessGroup
+    size: int
+    rank: int
+    backend: str
+    fake: bool
+    eager: bool
+    """The default group has a bound device (eagerly initialized NCCL)."""
+    intact: bool = True
+    """No rank was declared lost: the default group may still be used."""
+
+
+def serves(world: World, mesh: Mesh, layout: Layout, backend: str, options: object) -> bool:
+    """The default group is the group along ``layout`` on every rank (O(1)): the axis
+    is every rank of the world in rank order, on the world's backend and options."""
+    return (
+        world.intact
+        and options is None
+        and backend == world.backend
+        and mesh.rank_map is None
+        and mesh.index_size == world.size
+        and layout.modes == ((world.size, 1),)
+    )
 
 
 def _device_help(local_rank: int, count: int) -> str:

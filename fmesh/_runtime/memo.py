@@ -1,10 +1,14 @@
-"""The process-wide memo of process groups, and the lock discipline around it.
+"""The process-wide memo: groups, axes and streams, and the lock discipline around it.
 
-One ``State`` per process. Its lock guards only dictionary updates: nothing
+One ``State`` per process: what every step of a realize call reads and writes
+(``turns.py`` the streams, ``call.py`` the options ids and dead groups,
+``creation.py`` the axis and group memos), and what ``destroy``, ``recover`` and
+``cache_stats`` reset or count. Its lock guards only dictionary updates: nothing
 holds it while waiting on peers (group creation, the cross-rank agreement), so
 ``cache_stats()``, ``destroy()`` and realize calls from other threads stay
-responsive. A group being created by one thread is marked *in flight*; another
-thread that needs the same group waits for that creation instead of making it twice.
+responsive. A group being created by one thread is marked *in flight*
+(``in_flight``); another thread that needs the same group waits for that creation
+instead of making it twice.
 
 A group torch no longer holds (destroyed, aborted) is forgotten when a call meets it
 (``State.forget_dead``); the next call that needs it creates a fresh one.
@@ -12,15 +16,18 @@ A group torch no longer holds (destroyed, aborted) is forgotten when a call meet
 
 from __future__ import annotations
 
+import collections
+import datetime
 import logging
 import threading
-from collections.abc import Callable, Container, Hashable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Container, Hashable, Iterable
+from typing import TYPE_CHECKING
 
 import attrs
 
-from .._core.mesh import Mesh
-from .._core.rank_map import rank_map_info
+# Re-exported for the DeviceMesh interop (its imports name this module).
+from .._core.rank_map import WorldKey as WorldKey
+from .._core.rank_map import world_key as world_key
 from .hooks import run_dead_hooks, run_loss_hooks, run_reset_hooks
 from .loss import GroupKey, Loss
 from .stream import Stream
@@ -28,28 +35,72 @@ from .stream import Stream
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
+    from .realized_mesh import RealizedMesh
+
 __all__ = [
     "GroupKey",
     "State",
+    "StreamState",
     "WorldKey",
-    "rank_map_key",
     "state",
     "world_key",
 ]
 
 logger = logging.getLogger("fmesh")
 
-T = TypeVar("T")
-WorldKey = tuple[int, str]
-"""(index space size, rank-map digest): the rank space a mesh lives in."""
+
+@attrs.define
+class StreamState:
+    """What this process keeps per stream: the numbering every rank computes alike
+    (``stream``), the axes and calls realized in it, and its calls that are not
+    repeats, carried out one at a time in the order they started (``enter`` /
+    ``leave``): which calls are hits and what the next agreement carries then depend
+    only on that order, never on how threads interleave inside a call. Under the lock.
+    """
+
+    stream: Stream
+    known: set[Hashable] = attrs.field(factory=set)
+    """Axis keys realized in this stream."""
+    calls: collections.OrderedDict[Hashable, tuple[RealizedMesh, int, object]] = attrs.field(
+        factory=collections.OrderedDict
+    )
+    """Call key -> (what a hit returns, call code, summary) of recent calls, least
+    recently used first (``bounded.py``); a summary is anything whose ``str``
+    describes the call (made only for messages). Dropping one never changes whether
+    a call is a hit: ``known`` decides that, alike on every rank; a dropped call is
+    only laid out again (microseconds)."""
+    queued: int = 0
+    """Tickets handed out to calls that are not repeats (``enter``)."""
+    served: int = 0
+    """The last ticket whose call is done: ticket ``served + 1`` goes next."""
+    holder: int | None = None
+    """The thread carrying out a call now (a nested call in it does not queue)."""
+    doomed_through: int = 0
+    """Tickets up to this one were queued behind a call that failed: they fail too."""
+    failure: str = ""
+
+    def enter(self) -> int:
+        """A ticket for a call that is not a repeat: it waits for ``ready``."""
+        self.queued += 1
+        return self.queued
+
+    def ready(self, ticket: int) -> bool:
+        return self.served == ticket - 1
+
+    def doomed(self, ticket: int) -> str:
+        """Why a call queued behind a failed one fails with it ("" if it does not)."""
+        return self.failure if ticket <= self.doomed_through else ""
+
+    def leave(self, ticket: int, failure: str = "") -> None:
+        """The call of ``ticket`` is done; a ``failure`` dooms the calls queued
+        behind it (ranks whose calls raced into other orders raise together)."""
+        self.served = ticket
+        self.holder = None
+        if failure and self.queued > ticket:
+            self.doomed_through, self.failure = self.queued, failure
 
 
-def rank_map_key(mesh: Mesh) -> str:
-    return "" if mesh.rank_map is None else rank_map_info(mesh.rank_map).digest
-
-
-def world_key(mesh: Mesh) -> WorldKey:
-    return (mesh.index_size, rank_map_key(mesh))
+_timeout_tags: dict[tuple[int, datetime.timedelta], object] = {}
 
 
 @attrs.define
@@ -70,8 +121,8 @@ class State:
     in_flight: dict[Hashable, threading.Event] = attrs.field(factory=dict)
     created_pgs: list[ProcessGroup] = attrs.field(factory=list)
     options_ids: dict[int, tuple[object, int]] = attrs.field(factory=dict)
-    streams: dict[str, Stream[Any]] = attrs.field(factory=dict)
-    """Per stream (``stream.py``): numbering, hit history and the calls made."""
+    streams: dict[str, StreamState] = attrs.field(factory=dict)
+    """Per stream: its numbering, the calls made and waiting (``StreamState``)."""
     reborn: dict[GroupKey, int] = attrs.field(factory=dict)
     """Groups forgotten dead and created again: how many times (in their names)."""
     debug: bool = False
@@ -116,11 +167,11 @@ class State:
             if pg is None or id(pg) not in kept:
                 del self.axis_memo[axis]
 
-    def stream(self, name: str) -> Stream[Any]:
+    def stream(self, name: str) -> StreamState:
         """The stream ``name`` (made on first use; under the lock)."""
         found = self.streams.get(name)
         if found is None:
-            found = self.streams[name] = Stream(name)
+            found = self.streams[name] = StreamState(Stream(name))
         return found
 
     def forget_dead(self, live: Container[object], axes: Iterable[Hashable]) -> bool:
@@ -151,13 +202,24 @@ class State:
             stale = [
                 call
                 for call, (value, _, _) in stream.calls.items()
-                if any(id(pg) in dead for pg in getattr(value, "groups", {}).values())
+                if any(id(pg) in dead for pg in value.groups.values())
             ]
             for call in stale:
                 del stream.calls[call]
         self.created_pgs[:] = [pg for pg in self.created_pgs if id(pg) not in dead]
         logger.info("fmesh: forgot %d destroyed or aborted groups", len(dead))
         run_dead_hooks(frozenset(dead))
+
+    def options_id(self, options: object, timeout: datetime.timedelta | None) -> int:
+        """A rank-independent id for an axis's options: their order of first use; with
+        a timeout, that of (options, timeout): groups made with another timeout are
+        other groups, in the memo, in their names and in the agreement's code. Under
+        the lock."""
+        ordinal = self.options_ordinal(options)
+        if timeout is None:
+            return ordinal
+        tag = _timeout_tags.setdefault((ordinal, timeout), object())
+        return self.options_ordinal(tag)
 
     def options_ordinal(self, options: object) -> int:
         """A rank-independent id for an options object: its order of first use."""
@@ -168,65 +230,6 @@ class State:
             entry = (options, len(self.options_ids) + 1)
             self.options_ids[id(options)] = entry
         return entry[1]
-
-    def axis(
-        self, key: Hashable, make: Callable[[], tuple[ProcessGroup | None, int]]
-    ) -> tuple[ProcessGroup | None, int]:
-        """This rank's group along the axis ``key``, from the axis memo, else made once:
-        ``make`` returns (group, 1 if it created one else 0)."""
-
-        def lookup() -> tuple[ProcessGroup | None, int] | None:
-            if key not in self.axis_memo:
-                return None
-            self.reused += 1
-            return self.axis_memo[key], 0
-
-        def store(value: tuple[ProcessGroup | None, int]) -> None:
-            pg, made = value
-            self.axis_memo[key] = pg
-            if made:
-                assert pg is not None
-                self.created_pgs.append(pg)
-                self.created += 1
-            else:
-                self.reused += 1
-
-        return self.once(("axis", key), lookup, make, store)
-
-    def once(
-        self,
-        key: Hashable,
-        lookup: Callable[[], T | None],
-        make: Callable[[], T],
-        store: Callable[[T], None],
-    ) -> T:
-        """The memoized value for ``key``: ``lookup`` under the lock, else ``make`` it.
-
-        ``make`` runs without the lock, at most once at a time per key: a thread that
-        finds another one making the same key waits for it and looks up again.
-        ``store`` records the made value, under the lock.
-        """
-        while True:
-            with self.lock:
-                found = lookup()
-                if found is not None:
-                    return found
-                event = self.in_flight.get(key)
-                mine = event is None
-                if event is None:
-                    event = self.in_flight[key] = threading.Event()
-            if mine:
-                break
-            event.wait()
-        try:
-            value = make()
-            with self.lock:
-                store(value)
-            return value
-        finally:
-            with self.lock:
-                del self.in_flight[key]
-            event.set()
 
 
 state = State()

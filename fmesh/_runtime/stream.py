@@ -1,11 +1,15 @@
-"""Per-stream bookkeeping of realize calls: what makes a call a memo hit, how calls
-are numbered, and the running hash of the calls since the last agreement.
+"""How ranks match their realize calls: streams, call codes, numbering and history.
 
 A stream is an order of realize calls that every rank makes alike. By default there
 is one per process: calls are matched across ranks by the order each rank makes them,
 whatever thread makes them (as torch's ``new_group`` requires). Inside
 ``stream`` blocks, calls belong to the stream of that name, ordered on their own.
-Pure Python; the caller holds the memo lock around every method.
+Here is what every rank computes alike: a call's code, its number among the agreed
+calls, the running hash of the calls since the last agreement, and the call's place
+in the agreement's keys. What a process keeps per stream besides (its calls waiting
+for their turn, the axes and calls realized) is in ``memo.py``; ``turns.py`` serves
+repeats and orders the rest. Pure Python; the caller holds the memo lock around every
+method.
 """
 
 from __future__ import annotations
@@ -15,12 +19,9 @@ import contextlib
 import contextvars
 import hashlib
 import urllib.parse
-from collections.abc import Callable, Hashable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Iterator
 
 import attrs
-
-from .bounded import bound
 
 __all__ = [
     "PROCESS",
@@ -31,9 +32,9 @@ __all__ = [
     "current_stream",
     "digest",
     "stream",
+    "stream_key",
+    "stream_words",
 ]
-
-T = TypeVar("T")
 
 _MASK = (1 << 64) - 1
 _RECENT = 3
@@ -132,16 +133,21 @@ class Turn:
     """What the ranks agree on: the call's code after the history it carries."""
     history: str
     """The calls since the last agreement, in words (for messages)."""
+    where: str = ""
+    """The call in messages: ``realize call #3`` (of stream ``name``)."""
+    key: str = ""
+    """The call's part of its agreement keys, after the key root and the generation:
+    ``<stream>/<number>/`` (``stream_key``)."""
 
 
 @attrs.define
-class Stream(Generic[T]):
-    """One stream's realize calls on this rank, since the last reset.
+class Stream:
+    """One stream's numbering on this rank, since the last reset: what every rank that
+    made the same calls computes alike.
 
-    ``T`` is what a hit hands back (a ``RealizedMesh``). Calls that are not repeats
-    are carried out one at a time, in the order they started (``enter``/``leave``):
-    which calls are hits and what the next agreement carries then depend only on
-    that order, never on how threads interleave inside a call.
+    >>> t = Stream("t").turn(7, "Mesh(a=2)", True)
+    >>> print(t.number, t.key, t.where)
+    1 st/1/ realize call #1 of stream 't'
     """
 
     name: str
@@ -154,67 +160,12 @@ class Stream(Generic[T]):
     recent: collections.deque[object] = attrs.field(
         factory=lambda: collections.deque(maxlen=_RECENT)
     )
-    known: set[Hashable] = attrs.field(factory=set)
-    """Axis keys realized in this stream."""
-    calls: collections.OrderedDict[Hashable, tuple[T, int, object]] = attrs.field(
-        factory=collections.OrderedDict
-    )
-    """Call key -> (what a hit returns, call code, summary) of recent calls, least
-    recently used first (``bounded.py``); a summary is anything whose ``str``
-    describes the call (made only for messages). Dropping one never changes whether
-    a call is a hit: ``known`` decides that, alike on every rank; a dropped call is
-    only laid out again (microseconds)."""
-    queued: int = 0
-    """Tickets handed out to calls that are not repeats (``enter``)."""
-    served: int = 0
-    """The last ticket whose call is done: ticket ``served + 1`` goes next."""
-    holder: int | None = None
-    """The thread carrying out a call now (a nested call in it does not queue)."""
-    doomed_through: int = 0
-    """Tickets up to this one were queued behind a call that failed: they fail too."""
-    failure: str = ""
-
-    def replay(self, key: Hashable, usable: Callable[[T], bool]) -> T | None:
-        """What a call made before hands back, recorded as a hit (``None``: a new
-        call, or one whose value is no longer ``usable``)."""
-        entry = self.calls.get(key)
-        if entry is None or not usable(entry[0]):
-            return None
-        self.calls.move_to_end(key)
-        self.hit(entry[1], entry[2])
-        return entry[0]
-
-    def remember(self, key: Hashable, value: T, code: int, summary: object) -> None:
-        """Keep a call for the fast repeat (dropping the least recently used)."""
-        self.calls[key] = (value, code, summary)
-        self.calls.move_to_end(key)
-        bound(self.calls)
-
-    def enter(self) -> int:
-        """A ticket for a call that is not a repeat: it waits for ``ready``."""
-        self.queued += 1
-        return self.queued
-
-    def ready(self, ticket: int) -> bool:
-        return self.served == ticket - 1
-
-    def doomed(self, ticket: int) -> str:
-        """Why a call queued behind a failed one fails with it ("" if it does not)."""
-        return self.failure if ticket <= self.doomed_through else ""
-
-    def leave(self, ticket: int, failure: str = "") -> None:
-        """The call of ``ticket`` is done; a ``failure`` dooms the calls queued
-        behind it (ranks whose calls raced into other orders raise together)."""
-        self.served = ticket
-        self.holder = None
-        if failure and self.queued > ticket:
-            self.doomed_through, self.failure = self.queued, failure
 
     def turn(self, code: int, summary: object, agrees: bool) -> Turn:
         """Place a new call: one that agrees gets the next number and carries the
         history since the last agreement; any other joins that history as a hit.
 
-        >>> s = Stream[int]("t"); s.turn(1, "Mesh(a=2)", False).number
+        >>> s = Stream("t"); s.turn(1, "Mesh(a=2)", False).number
         0
         >>> t = s.turn(2, "Mesh(b=2)", True); t.number, t.code == combine(combine(0, 1), 2)
         (1, True)
@@ -223,7 +174,13 @@ class Stream(Generic[T]):
             self.hit(code, summary)
             return Turn(0, 0, "")
         number, history, text = self.number()
-        return Turn(number, combine(history, code), text)
+        return Turn(
+            number,
+            combine(history, code),
+            text,
+            f"realize call #{number}{stream_words(self.name)}",
+            f"{stream_key(self.name)}/{number}/",
+        )
 
     def hit(self, code: int, summary: object) -> None:
         """Record a call that agreed with nobody (a memo hit)."""
@@ -243,7 +200,7 @@ class Stream(Generic[T]):
     def describe_history(self) -> str:
         """The calls since the last agreement, in words ("" if none).
 
-        >>> s = Stream[int]("t"); s.hit(1, "Mesh(a=2)"); s.hit(2, "Mesh(b=2)")
+        >>> s = Stream("t"); s.hit(1, "Mesh(a=2)"); s.hit(2, "Mesh(b=2)")
         >>> s.describe_history()
         '2 memoized realize calls (Mesh(a=2); Mesh(b=2))'
         """

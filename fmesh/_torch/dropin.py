@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .._core.errors import DeviceMeshError, DeviceMeshTypeError, MeshError
-from .._core.mesh import Mesh, make_mesh
+from .._core.mesh import make_mesh
 from .._runtime.checks import check_backend, check_device_type, check_timeout
 from .._runtime.groups import describing_groups
 from .._runtime.launch import ensure_default_group
@@ -104,17 +104,11 @@ def init_device_mesh(
     """
     shape = _check_shape(mesh_shape)
     torch_names = _check_names(shape, mesh_dim_names)
-    # fmesh's axis names: torch's where they are valid fmesh names (see axis_names).
-    names = (
-        tuple(f"dim{i}" for i in range(len(shape)))
-        if torch_names is None
-        else axis_names(torch_names, len(shape))
-    )
     timeout = check_timeout(timeout, "init_device_mesh")
     overrides = (
         None
         if backend_override is None
-        else _normalize_backend_override(backend_override, len(names), torch_names)
+        else _normalize_backend_override(backend_override, len(shape), torch_names)
     )
     if not isinstance(device_type, str):
         raise TypeError(f"init_device_mesh() device_type must be a str, got {device_type!r}")
@@ -145,16 +139,15 @@ def init_device_mesh(
             f"{size} ranks (mesh_shape={shape}); launch more processes or give a "
             "smaller mesh_shape"
         )
-    # torch accepts "" (no device to set up), and any device type on a fake world
-    # (a dry run: it sets up no device).
-    if device_type and dist.get_backend() != "fake":
-        try:
-            device_type = check_device_type(device_type, "init_device_mesh")
-        except MeshError as err:
-            raise DeviceMeshError(str(err)) from None
-    _set_device(device_type)
+    device_type = _set_device(device_type)
 
-    mesh = _mesh(shape, names)
+    # fmesh's axis names: torch's where they are valid fmesh names (see axis_names).
+    names = (
+        tuple(f"dim{i}" for i in range(len(shape)))
+        if torch_names is None
+        else axis_names(torch_names, len(shape))
+    )
+    descs = dict(zip(names, group_descs(torch_names, len(names))))
     backend: dict[str, str] = {}
     options: dict[str, BackendOptions] = {}
     for name, (b, o) in zip(names, overrides or ()):
@@ -162,10 +155,12 @@ def init_device_mesh(
             backend[name] = check_backend(b, "init_device_mesh() backend_override")
         if o is not None:
             options[name] = o
-    descs = dict(zip(names, group_descs(torch_names, len(names))))
     with realizing_torch_roots(), describing_groups(descs.__getitem__):
         realized = realize(
-            mesh, backend=backend or None, options=options or None, timeout=timeout
+            _mesh(shape, names),
+            backend=backend or None,
+            options=options or None,
+            timeout=timeout,
         )
     return new_root(
         realized.mesh,
@@ -177,11 +172,9 @@ def init_device_mesh(
     )
 
 
-@functools.lru_cache(maxsize=64)
-def _mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
-    """The fmesh mesh of a call (a value: the same arguments give an equal mesh, so a
-    repeated call skips building it)."""
-    return make_mesh(shape, names)
+_mesh = functools.lru_cache(maxsize=64)(make_mesh)
+"""The fmesh mesh of a call (a value: the same arguments give an equal mesh, so a
+repeated call skips building it)."""
 
 
 def _check_shape(mesh_shape: object) -> tuple[Any, ...]:
@@ -313,19 +306,28 @@ def _backend_config(value: object, options_type: type) -> BackendConfig:
     )
 
 
-def _set_device(device_type: str) -> None:
-    """Select this process's device as torch's DeviceMesh does before creating groups:
-    only when none is selected yet, from ``LOCAL_RANK`` (skipped on a fake world)."""
+def _set_device(device_type: str) -> str:
+    """``device_type`` checked; this process's device selected as torch's DeviceMesh
+    does before creating groups: only when none is selected yet, from ``LOCAL_RANK``
+    (skipped on a fake world)."""
     import torch
     import torch.distributed as dist
 
+    # torch accepts "" (no device to set up), and any device type on a fake world (a
+    # dry run: it sets up no device).
+    if device_type and dist.get_backend() != "fake":
+        try:
+            device_type = check_device_type(device_type, "init_device_mesh")
+        except MeshError as err:
+            raise DeviceMeshError(str(err)) from None
     if device_type == "cpu" or dist.get_backend() == "fake":
-        return
+        return device_type
     handle: Any = getattr(torch, device_type, None)
     initialized = getattr(handle, "is_initialized", None)
     if initialized is None or initialized() or "LOCAL_RANK" not in os.environ:
-        return
+        return device_type
     handle.set_device(int(os.environ["LOCAL_RANK"]))
+    return device_type
 
 
 def _torch_init_device_mesh(

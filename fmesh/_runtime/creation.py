@@ -1,0 +1,168 @@
+"""A new realize call carried out: agreed, then this rank's groups made, all or none.
+
+A call laid out by ``call.py`` that creates groups first agrees with every rank
+(``agreement.py``); then each axis's group comes from the axis memo or is created once
+per process (``groups.py``: a thread that finds another creating the same group waits
+for it), while the peer watch (``liveness.py``) cuts the waits short if a peer dies;
+the call ends at the watch's closing barrier. A call that fails keeps none of the
+groups it made. The protocol: ``docs/design/agreement-protocol.md``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .._core.errors import PeerLostError
+from . import liveness
+from .agreement import KEY_ROOT, Record, Ticket, agree
+from .groups import create
+from .hooks import run_creating_call_hooks
+from .memo import state
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from .call import Call
+    from .groups import AxisRequest
+    from .launch import World
+
+__all__ = ["axis_group", "create_groups"]
+
+logger = logging.getLogger("fmesh")
+
+
+def create_groups(call: Call) -> tuple[dict[str, ProcessGroup], int]:
+    """Carry out ``call``: agree if it creates groups, then this rank's group along
+    every axis under the peer watch, waiting at the end for every rank to have made
+    its own. Returns (axis name -> group, how many groups it created); on failure,
+    forgets and destroys the groups it created, and raises."""
+    ticket = _agree(call)
+    world, timeout = call.world, call.args.timeout
+    groups: dict[str, ProcessGroup] = {}
+    made: list[ProcessGroup] = []
+    watch = liveness.start(ticket, timeout)
+    try:
+        with liveness.active(watch):
+            for request in call.requests:
+                with liveness.waiting_for(watch, request.members):
+                    pg, fresh = axis_group(request, world, timeout, ticket)
+                if fresh and pg is not None:
+                    made.append(pg)
+                if pg is not None:
+                    groups[request.name] = pg
+            if watch is not None:
+                from .._compat import default_timeout
+
+                # Every peer's creation of each group is bounded by the timeout, and a
+                # peer that fails or dies says so at once: wait for the slowest.
+                patience = timeout or default_timeout(world.backend)
+                watch.finish(patience * (len(call.requests) + 1))
+    except BaseException as err:
+        if watch is not None:
+            if not isinstance(err, PeerLostError):
+                watch.fail(err)
+            watch.close()
+        _forget(made)
+        raise
+    if watch is not None:
+        watch.close()
+    return groups, len(made)
+
+
+def _agree(call: Call) -> Ticket | None:
+    """Agree on ``call`` with every rank if it creates groups (``fmesh plan``'s hooks
+    see every such call, fake worlds included); ``None`` if nobody needs to."""
+    if not call.agrees:
+        return None
+    turn, summary, world = call.turn, call.summary, call.world
+    run_creating_call_hooks(turn.number, turn.code, summary, turn.history)
+    if world.fake or world.size <= 1:
+        return None
+    from .._compat import default_store
+
+    me = world.rank
+    return agree(
+        default_store(),
+        rank=me,
+        ranks=call.ranks,
+        code=turn.code,
+        record=lambda: Record(me, turn.code, str(summary), turn.history),
+        timeout=call.args.timeout or _torch_timeout(call.requests, world),
+        prefix=f"{KEY_ROOT}{call.generation}/{turn.key}",
+        where=turn.where,
+    )
+
+
+def axis_group(
+    request: AxisRequest,
+    world: World,
+    timeout: datetime.timedelta | None,
+    ticket: Ticket | None,
+) -> tuple[ProcessGroup | None, int]:
+    """This rank's group along one axis: from the axis memo, else created once per
+    process (a thread that finds another creating it waits for that creation, then
+    looks again). Returns (group, 1 if this call created it else 0)."""
+    key = request.key
+    while True:
+        with state.lock:
+            if key in state.axis_memo:
+                state.reused += 1
+                return state.axis_memo[key], 0
+            event = state.in_flight.get(key)
+            mine = event is None
+            if event is None:
+                event = state.in_flight[key] = threading.Event()
+        if mine:
+            break
+        event.wait()
+    try:
+        pg, made = create(request, world, timeout, ticket)
+        with state.lock:
+            state.axis_memo[key] = pg
+            if made:
+                assert pg is not None
+                state.created_pgs.append(pg)
+                state.created += 1
+            else:
+                state.reused += 1
+        return pg, made
+    finally:
+        with state.lock:
+            del state.in_flight[key]
+        event.set()
+
+
+def _forget(made: list[ProcessGroup]) -> None:
+    """A failed call keeps none of the groups it made: out of the memo, destroyed."""
+    if not made:
+        return
+    import torch.distributed as dist
+
+    ids = {id(pg) for pg in made}
+    with state.lock:
+        for key, pg in list(state.group_memo.items()):
+            if id(pg) in ids:
+                del state.group_memo[key]
+        for axis, value in list(state.axis_memo.items()):
+            if value is not None and id(value) in ids:
+                del state.axis_memo[axis]
+        state.created_pgs[:] = [pg for pg in state.created_pgs if id(pg) not in ids]
+        state.created -= len(made)
+    for pg in made:
+        try:
+            dist.destroy_process_group(pg)
+        except (RuntimeError, ValueError) as err:  # already gone
+            logger.debug("fmesh: destroying a group of a failed call: %s", err)
+
+
+def _torch_timeout(requests: Sequence[AxisRequest], world: World) -> datetime.timedelta:
+    """How long torch's ``new_group`` waits for a late rank without a timeout: its
+    default for the backend (the longest of the call's backends)."""
+    from .._compat import default_timeout
+
+    backends = {r.backend for r in requests} or {world.backend}
+    return max(default_timeout(b) for b in backends)

@@ -1,0 +1,120 @@
+"""A realize call's turn in its stream, on this process: repeats served, the rest in order.
+
+A repeated call is a *hit*: its value comes from the stream's table of calls, if torch
+still holds its groups (no peer, no store; O(number of axes)). Any other call waits
+for its *turn*: the calls of one stream that are not repeats are carried out one at a
+time, in the order they started, so which calls are hits and what the next agreement
+carries depend only on that order (``stream.py`` numbers them alike on every rank).
+A call queued behind one that failed to agree fails with it; a nested call of the
+thread carrying one out (a hook) goes on. A call carried out is kept in the table for
+the fast repeat (``remember``). The tables live in ``memo.py`` (``StreamState``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import attrs
+
+from .._compat import live_groups
+from .._core.errors import MeshMismatchError
+from .bounded import bound
+from .memo import state
+from .stream import stream_words
+
+if TYPE_CHECKING:
+    from .call import Arguments, Call
+    from .realized_mesh import RealizedMesh
+
+__all__ = ["remember", "replay", "turn"]
+
+
+@contextlib.contextmanager
+def turn(args: Arguments) -> Iterator[RealizedMesh | None]:
+    """A repeat's value (a hit, without waiting), else ``None`` once the call's turn in
+    its stream has come (or a repeat's value if another thread made the same call
+    meanwhile): the block then carries the call out, and the next call goes after it.
+    A ``MeshMismatchError`` out of the block dooms the calls queued behind it."""
+    repeat = replay(args)
+    if repeat is not None:
+        yield repeat
+        return
+    me = threading.get_ident()
+    name = args.stream_name
+    with state.lock:
+        stream = state.stream(name)
+        nested = stream.holder == me
+        if not nested:
+            ticket = stream.enter()
+            state.turns.wait_for(lambda: stream.ready(ticket))
+            stream.holder = me
+            doomed = stream.doomed(ticket)
+            if doomed:
+                stream.leave(ticket)
+                state.turns.notify_all()
+    if nested:
+        yield replay(args)
+        return
+    if doomed:
+        raise MeshMismatchError(
+            f"this realize call{stream_words(name)} was waiting for its turn behind one "
+            f"that failed ({doomed}), so it cannot be matched across ranks either. If "
+            "threads of this process realize meshes at the same time, their order can "
+            "differ between ranks: give each thread's calls a stream of their own, "
+            "with fmesh.stream(name), the same name on every rank"
+        )
+    failure = ""
+    try:
+        # Another thread may have made the same call while this one waited its turn.
+        yield replay(args)
+    except MeshMismatchError as err:
+        failure = str(err).split(";")[0][:200]
+        raise
+    finally:
+        with state.lock:
+            stream.leave(ticket, failure)
+            state.turns.notify_all()
+
+
+def replay(args: Arguments) -> RealizedMesh | None:
+    """A repeated call's value if torch still holds its groups, recorded as a hit in
+    its stream; else ``None``."""
+    if args.key is None or args.check or state.world is None:
+        return None
+    import torch.distributed as dist
+
+    with state.lock:
+        stream = state.streams.get(args.stream_name)
+        if stream is None or state.debug or state.world is not dist.group.WORLD:
+            return None
+        entry = stream.calls.get(args.key)
+        if entry is None:
+            return None
+        realized, code, summary = entry
+        live = live_groups()
+        if not all(pg in live for pg in realized.groups.values()):
+            return None
+        stream.calls.move_to_end(args.key)
+        stream.stream.hit(code, summary)
+        state.reused += args.mesh.ndim
+        return realized
+
+
+def remember(call: Call, realized: RealizedMesh) -> None:
+    """Keep a call carried out in its stream: its axes are realized there, and a
+    repeat of it returns ``realized`` (as creating nothing), dropping the least
+    recently used call beyond the bound. Not after a reset or a recovery."""
+    with state.lock:
+        if state.generation != call.generation:
+            return
+        stream = call.stream
+        stream.known.update(r.key for r in call.requests)
+        key = call.args.key
+        if key is not None:
+            value = realized if realized.created == 0 else attrs.evolve(realized, created=0)
+            stream.calls[key] = (value, call.code, call.summary)
+            stream.calls.move_to_end(key)
+            bound(stream.calls)
