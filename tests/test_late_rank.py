@@ -202,13 +202,15 @@ class _Records(logging.Handler):
 def _spy_timeouts() -> list[float]:
     """The timeout of every agreement this process makes, in seconds."""
     seen: list[float] = []
-    real = _agree.agree
+    from fmesh._runtime import creation
+
+    real = creation.agree
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(kwargs["timeout"].total_seconds())
         return real(*args, **kwargs)
 
-    _agree.agree = spy  # this worker process only
+    creation.agree = spy  # this worker process only (the call site's own name)
     return seen
 
 
