@@ -3,9 +3,9 @@
 Every measurement runs in a fresh process forked from a server that has imported
 torch once: process groups are process-global, so each measurement starts with none,
 and none pays (or times) a torch import. A real-gloo job is one such process per rank
-on a store this process hosts (as torchrun's agent does), with no cap on the number
-of ranks. A :class:`Service` is a fresh process that answers requests until stopped
-(a store server, a crowd of store clients).
+on a store this process hosts (as torchrun's agent does), with no cap on the number of
+ranks. A :class:`Service` is a fresh process that answers requests until closed (a
+store server, a crowd of simulated ranks).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import multiprocessing.process
 import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -39,15 +39,17 @@ class WorkerTimeout(WorkerError):
     """A measurement process ran past its time limit (it was killed)."""
 
 
-_ctx: multiprocessing.context.ForkServerContext | None = None
+_ctx: list[multiprocessing.context.ForkServerContext] = []
 
 
 def context() -> multiprocessing.context.ForkServerContext:
-    global _ctx
-    if _ctx is None:
-        _ctx = multiprocessing.get_context("forkserver")
-        _ctx.set_forkserver_preload([*torch_ref.PRELOAD, "numpy", "fmesh", "bench.shared"])
-    return _ctx
+    if not _ctx:
+        # torch's C++ warnings (a store wait that timed out, a host name not found) are
+        # expected by the thousand in the store-load rows: errors only.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        _ctx.append(multiprocessing.get_context("forkserver"))
+        _ctx[0].set_forkserver_preload([*torch_ref.PRELOAD, "numpy", "fmesh", "bench.shared"])
+    return _ctx[0]
 
 
 def _child(worker: Worker, spec: Json, env: dict[str, str], conn: Connection) -> None:
@@ -64,9 +66,34 @@ def _child(worker: Worker, spec: Json, env: dict[str, str], conn: Connection) ->
 
 @dataclass
 class Started:
+    """A process this bench started, and the end of its pipe."""
+
     what: str
     proc: multiprocessing.process.BaseProcess
     conn: Connection
+
+    def receive(self, timeout_s: float) -> Any:
+        """The next answer; WorkerTimeout past ``timeout_s``, WorkerError if it failed."""
+        if not self.conn.poll(max(0.0, timeout_s)):
+            raise WorkerTimeout(f"{self.what} gave no answer within {timeout_s:.0f} s")
+        try:
+            status, payload = self.conn.recv()
+        except EOFError:
+            self.proc.join(10)
+            raise WorkerError(
+                f"{self.what} died with exit code {self.proc.exitcode}"
+            ) from None
+        if status != "ok":
+            raise WorkerError(f"{self.what} failed:\n{payload}")
+        return payload
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Wait up to ``grace_s`` for the process to end, then kill it."""
+        self.conn.close()
+        self.proc.join(grace_s)
+        if self.proc.is_alive():
+            self.proc.kill()  # only a process this benchmark started
+            self.proc.join(10)
 
 
 def start(worker: Worker, spec: Json, env: dict[str, str] | None = None) -> Started:
@@ -80,26 +107,11 @@ def start(worker: Worker, spec: Json, env: dict[str, str] | None = None) -> Star
 
 def finish(started: Started, deadline: float) -> Json:
     """The worker's result; kill it and raise WorkerTimeout past ``deadline``."""
-    conn, proc = started.conn, started.proc
     try:
-        if not conn.poll(max(0.0, deadline - time.monotonic())):
-            raise WorkerTimeout(f"{started.what} ran past its time limit")
-        try:
-            status, payload = conn.recv()
-        except EOFError:
-            proc.join(10)
-            raise WorkerError(f"{started.what} died with exit code {proc.exitcode}") from None
-        if status != "ok":
-            raise WorkerError(f"{started.what} failed:\n{payload}")
-        result: Json = payload
+        result: Json = started.receive(deadline - time.monotonic())
         return result
     finally:
-        conn.close()
-        if proc.is_alive():
-            proc.join(5 if proc.exitcode is None else 0)
-        if proc.is_alive():
-            proc.kill()  # only the process this benchmark started
-            proc.join(10)
+        started.stop(5 if started.proc.exitcode is None else 0)
 
 
 def run_worker(worker: Worker, spec: Json, timeout_s: float) -> Json:
@@ -107,22 +119,23 @@ def run_worker(worker: Worker, spec: Json, timeout_s: float) -> Json:
     return finish(start(worker, spec), time.monotonic() + timeout_s)
 
 
-def run_gloo_job(worker: Worker, world: int, spec: Json, timeout_s: float) -> list[Json]:
-    """One fresh process per rank, on a store this process hosts; every rank's result.
+def run_gloo_job(
+    worker: Worker, world: int, spec: Json, timeout_s: float, may_die: Collection[int] = ()
+) -> list[Json]:
+    """One fresh process per rank, on a store this process hosts; the ranks' results.
 
-    Each rank gets the torchrun environment and ``spec`` plus ``port`` and
-    ``timeout_s``; it connects to the store itself.
+    Each rank gets the torchrun environment, and ``spec`` plus ``port`` and
+    ``timeout_s``; it connects to the store itself. A rank of ``may_die`` may die by
+    SIGKILL (its result is left out).
     """
     store = torch_ref.host_store(world, datetime.timedelta(seconds=timeout_s))
-    port = store.port
-    spec = {**spec, "port": port, "timeout_s": timeout_s}
+    spec = {**spec, "port": store.port, "timeout_s": timeout_s}
     env = {
         "WORLD_SIZE": str(world),
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
+        "MASTER_PORT": str(store.port),
     }
-    if "GLOO_SOCKET_IFNAME" not in os.environ:
-        env["GLOO_SOCKET_IFNAME"] = "lo"
+    env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
     ranks = [
         start(worker, spec, {**env, "RANK": str(r), "LOCAL_RANK": str(r)})
         for r in range(world)
@@ -130,13 +143,15 @@ def run_gloo_job(worker: Worker, world: int, spec: Json, timeout_s: float) -> li
     deadline = time.monotonic() + timeout_s
     results: list[Json] = []
     try:
-        for r in ranks:
-            results.append(finish(r, deadline))
+        for r, started in enumerate(ranks):
+            try:
+                results.append(finish(started, deadline))
+            except WorkerError:
+                if r not in may_die or started.proc.exitcode != -9:  # SIGKILL
+                    raise
     finally:
-        for r in ranks:  # after a failure: stop the rest of this job's processes
-            if r.proc.is_alive():
-                r.proc.kill()
-                r.proc.join(10)
+        for started in ranks:  # after a failure: stop the rest of this job's processes
+            started.stop(0)
     del store
     return results
 
@@ -158,45 +173,18 @@ def _serve(server: Server, spec: Json, conn: Connection) -> None:
     os._exit(0)
 
 
-@dataclass
-class Service:
+class Service(Started):
     """A process that answers requests until it is closed."""
 
-    what: str
-    proc: multiprocessing.process.BaseProcess
-    conn: Connection
-
-    def send(self, request: object) -> None:
-        self.conn.send(request)
-
-    def receive(self, timeout_s: float) -> Any:
-        """The next answer; raise WorkerError if the service failed or died."""
-        if not self.conn.poll(timeout_s):
-            raise WorkerTimeout(f"{self.what} gave no answer within {timeout_s:.0f} s")
-        try:
-            status, payload = self.conn.recv()
-        except EOFError:
-            self.proc.join(10)
-            raise WorkerError(
-                f"{self.what} died with exit code {self.proc.exitcode}"
-            ) from None
-        if status != "ok":
-            raise WorkerError(f"{self.what} failed:\n{payload}")
-        return payload
-
     def ask(self, request: object, timeout_s: float) -> Any:
-        self.send(request)
+        self.conn.send(request)
         return self.receive(timeout_s)
 
     def close(self) -> None:
-        """Stop the process (it is asked first: ``None`` is every service's stop)."""
+        """Stop the process (asked first: ``None`` is every service's stop)."""
         with contextlib.suppress(OSError):
             self.conn.send(None)
-        self.conn.close()
-        self.proc.join(5)
-        if self.proc.is_alive():
-            self.proc.kill()  # only the process this benchmark started
-            self.proc.join(10)
+        self.stop()
 
 
 def serve(server: Server, spec: Json) -> Service:

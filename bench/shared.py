@@ -1,4 +1,4 @@
-"""What every benchmark module shares: mesh shapes, rows, timing, formatting.
+"""What every part of the bench shares: mesh shapes, rows, timing, formatting.
 
 Nothing here imports torch at module level: the orchestrating process stays light and
 each measurement imports what it needs in its own fresh process.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import statistics
 import sys
 import time
 import types
@@ -18,17 +19,24 @@ from typing import Any
 
 Json = dict[str, Any]
 TIMES = "\N{MULTIPLICATION SIGN}"
+MODES = ("full", "quick", "smoke")
 
 NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """The dense 5-d trainer mesh every benchmark uses."""
-
 FLATTENS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("dp_replicate", "dp_shard"), "dp"),
     (("dp_shard", "cp"), "dp_shard_cp"),
     (("dp_replicate", "dp_shard", "cp"), "dp_cp"),
 )
 """The three flattens a trainer makes of the dense mesh (data, FSDP, loss)."""
-
+TRAINER_FLATTENS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("dp_replicate", "dp_shard"), "batch"),
+    (("dp_replicate", "dp_shard", "cp"), "loss"),
+    (("dp_shard", "cp"), "fsdp"),
+)
+"""torchtitan's flattens of the dense view (its ``dp``, ``dp_cp``, ``dp_shard_cp``)."""
+EXPERT_NAMES = ("pp", "dp_replicate", "efsdp", "ep", "etp")
+"""torchtitan's expert (MoE) view of the same world."""
 SHAPES: dict[int, tuple[int, int, int, int, int]] = {
     2**6: (2, 2, 2, 2, 4),
     2**8: (2, 2, 4, 2, 8),
@@ -41,30 +49,16 @@ SHAPES: dict[int, tuple[int, int, int, int, int]] = {
 if any(math.prod(shape) != world for world, shape in SHAPES.items()):
     raise AssertionError("every SHAPES entry must multiply to its world size")
 
-EXPERT_NAMES = ("pp", "dp_replicate", "efsdp", "ep", "etp")
-"""torchtitan's expert (MoE) view of the same world."""
-
 
 def expert_shape(shape: Sequence[int]) -> tuple[int, int, int, int, int]:
-    """The expert view of a dense 5-d ``shape``: etp = tp, ep = 2 cp, efsdp the rest.
-
-    torchtitan's rule with etp == tp: ep borrows all of cp and part of dp_shard,
-    efsdp = dp_shard * cp / ep (ep = cp when dp_shard is 1).
-    """
+    """The expert view of a dense 5-d ``shape``: etp = tp, ep = 2 cp (cp when dp_shard
+    is odd), efsdp the rest (torchtitan's rule with etp == tp)."""
     pp, dp_replicate, dp_shard, cp, tp = shape
     ep = 2 * cp if dp_shard % 2 == 0 else cp
     return (pp, dp_replicate, dp_shard * cp // ep, ep, tp)
 
 
-TRAINER_FLATTENS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("dp_replicate", "dp_shard"), "batch"),
-    (("dp_replicate", "dp_shard", "cp"), "loss"),
-    (("dp_shard", "cp"), "fsdp"),
-)
-"""torchtitan's flattens of the dense view (its ``dp``, ``dp_cp``, ``dp_shard_cp``)."""
-
-
-# -- rows ---------------------------------------------------------------------------------
+# -- rows -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -78,21 +72,31 @@ class Row:
     world: str
     """Size label shown in the table (``2^17``, ``8 (1x2x2x1x2)``)."""
     ranks: int
-    unit: str  # "s", "B" or "count"
+    unit: str  # "s", "B", "count" or "/s"
     fmesh: float | None
     torch: float | None
     note: str = ""
     skipped: str | None = None
-    """Why the torch figure is missing, when it was skipped."""
+    """Why the torch figure is missing."""
     resolution: float = 0.0
     """Differences below this are noise (e.g. RSS pages)."""
     every_size: bool = False
-    """Show this benchmark at every size in the README (not only the largest)."""
+    """Show this benchmark at every size on the page (not only the largest)."""
     ratio: float | None = None
 
     def __post_init__(self) -> None:
         if self.fmesh is not None and self.torch is not None and self.fmesh > 0:
             self.ratio = self.torch / self.fmesh
+
+
+@dataclass
+class Bench:
+    """A run: its mode, its log, the rows so far and the raw measurements behind them."""
+
+    mode: str
+    log: Callable[[str], None]
+    rows: list[Row] = field(default_factory=list)
+    raw: Json = field(default_factory=dict)
 
 
 def world_str(world: int) -> str:
@@ -104,55 +108,42 @@ def shape_str(shape: Sequence[object]) -> str:
     return TIMES.join(map(str, shape))
 
 
-# -- formatting -----------------------------------------------------------------------------
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
 
 
-def fmt_seconds(s: float) -> str:
-    if s < 1e-3:
-        return f"{s * 1e6:.3g} µs"
-    if s < 1:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s:.3g} s"
-
-
-def fmt_bytes(b: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if b >= scale:
-            return f"{b / scale:.3g} {unit}"
-    return f"{b:.0f} B"
-
-
-def fmt_count(n: float) -> str:
-    return f"{n:,.0f}" if n == int(n) else f"{n:,.3g}"
+# -- formatting -------------------------------------------------------------------------
 
 
 def fmt_value(value: float | None, unit: str) -> str:
     if value is None:
         return "—"
     if unit == "s":
-        return fmt_seconds(value)
+        if value < 1e-3:
+            return f"{value * 1e6:.3g} µs"
+        return f"{value * 1e3:.3g} ms" if value < 1 else f"{value:.3g} s"
     if unit == "B":
-        return fmt_bytes(value)
-    return fmt_count(value)
+        for name, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if value >= scale:
+                return f"{value / scale:.3g} {name}"
+        return f"{value:.0f} B"
+    whole = value == int(value) or value >= 1000
+    text = f"{value:,.0f}" if whole else f"{value:,.3g}"
+    return text + (" /s" if unit == "/s" else "")
 
 
 def fmt_ratio(ratio: float | None) -> str:
     if ratio is None:
         return "—"
-    if ratio >= 100:
-        return f"{ratio:,.0f}{TIMES}"
-    return f"{ratio:.3g}{TIMES}"
+    return f"{ratio:,.0f}{TIMES}" if ratio >= 100 else f"{ratio:.3g}{TIMES}"
 
 
-# -- timing ---------------------------------------------------------------------------------
+# -- timing -----------------------------------------------------------------------------
 
 
 def time_batch(fn: Callable[[], object], n: int) -> float:
-    """Seconds per call over ``n`` calls, timeit-style: collector off in the batch.
-
-    A full collection first, so neither library pays for the other's garbage (torch's
-    meshes at 2**20 ranks leave million-element tuples for the collector to scan).
-    """
+    """Seconds per call over ``n`` calls, timeit-style: collector off in the batch,
+    after a full collection (so neither library pays for the other's garbage)."""
     gc.collect()
     gc.disable()
     try:
@@ -182,19 +173,17 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - start, result
 
 
-# -- memory ---------------------------------------------------------------------------------
+# -- memory -----------------------------------------------------------------------------
 
 
 def rss_kib() -> tuple[int, int]:
     """(current RSS, peak RSS since the last reset) of this process, in KiB."""
-    rss = hwm = 0
+    found = {"VmRSS:": 0, "VmHWM:": 0}
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-            elif line.startswith("VmHWM:"):
-                hwm = int(line.split()[1])
-    return rss, hwm
+            if line[:6] in found:
+                found[line[:6]] = int(line.split()[1])
+    return found["VmRSS:"], found["VmHWM:"]
 
 
 def reset_peak_rss() -> None:
@@ -204,12 +193,9 @@ def reset_peak_rss() -> None:
 
 
 def deep_size(root: object) -> int:
-    """Bytes reachable from ``root``: ``sys.getsizeof`` of every object, once each.
-
-    Follows containers, ``__dict__`` and ``__slots__``; counts a torch tensor's
-    storage once (``getsizeof`` of a tensor does not include it); skips classes,
-    modules and functions, which belong to the program rather than to the value.
-    """
+    """Bytes reachable from ``root``: ``sys.getsizeof`` of every object once, a torch
+    tensor's storage once; classes, modules and functions belong to the program and
+    are skipped."""
     torch_mod = sys.modules.get("torch")
     skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
     seen: set[int] = set()
@@ -227,66 +213,14 @@ def deep_size(root: object) -> int:
             if storage.data_ptr() not in storages:
                 storages.add(storage.data_ptr())
                 total += storage.nbytes()
-            continue
-        if isinstance(obj, dict):
-            stack.extend(obj.keys())
-            stack.extend(obj.values())
+        elif isinstance(obj, dict):
+            stack.extend([*obj.keys(), *obj.values()])
         elif isinstance(obj, tuple | list | set | frozenset):
             stack.extend(obj)
-        elif isinstance(obj, str | bytes | int | float | bool):
-            continue
-        else:
+        elif not isinstance(obj, str | bytes | int | float | bool):
             stack.extend(getattr(obj, "__dict__", {}).values())
             for cls in type(obj).__mro__:
                 for slot in getattr(cls, "__slots__", ()):
                     if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
                         stack.append(getattr(obj, slot))
     return total
-
-
-# -- what a run does --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Mode:
-    """How much to run: sizes, repeats and time limits."""
-
-    name: str
-    worlds: tuple[int, ...]
-    """World sizes of the pure ops and of the fake-backend realize rows."""
-    pure_repeats: int
-    pure_target_s: float
-    """Length of one timed batch of a pure op."""
-    realize_repeats: int
-    """Fresh processes per fake-backend realize measurement (median taken)."""
-    titan_world: int
-    """World size of torchtitan's trainer meshes and of the to_device_mesh rows."""
-    titan_repeats: int
-    """Fresh processes per measurement at ``titan_world`` (torch's take seconds)."""
-    gloo: tuple[tuple[tuple[int, int, int, int, int], int], ...]
-    """(5-d shape, repeats) of each real-gloo job."""
-    memory_world: int
-    hit_rounds: int
-    """Rounds of the memo-hit workload (each of its calls once per round)."""
-    hit_budget_s: float
-    """Time after which torch's side of the hit workload stops adding rounds."""
-    store_ranks: tuple[int, ...]
-    """Simulated ranks of each store-load measurement."""
-    store_calls: int
-    """Creating calls per store-load phase (each rank makes them back to back)."""
-    store_repeats: int
-    torch_limit_s: float = 60.0
-    """Skip a torch measurement estimated to take longer than this."""
-
-
-@dataclass
-class Bench:
-    """The rows a run has produced so far, and the raw measurements behind them."""
-
-    mode: Mode
-    log: Callable[[str], None]
-    rows: list[Row] = field(default_factory=list)
-    raw: Json = field(default_factory=dict)
-
-    def add(self, row: Row) -> None:
-        self.rows.append(row)

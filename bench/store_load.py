@@ -1,348 +1,319 @@
-"""Store load: what one creating call's agreement costs the store server, at many ranks.
+"""Store load: what creating calls cost one TCPStore server, at thousands of ranks.
 
-One real ``TCPStore`` server, hosted alone in its own process, which reports its CPU
-time (``time.process_time()``: every thread of the process, the store's event loop
-included) when asked between phases. N simulated ranks are real client connections:
-a few client processes, each with one thread and one ``TCPStore`` client per simulated
-rank. Every connection is opened before anything is measured, one after another in
-each process (see :func:`_prepare_process` for why connecting can stall), and kept.
+One real ``TCPStore`` server, alone in its process, reports its CPU time
+(``time.process_time()``: every thread, the store's event loop included) when asked.
+N simulated ranks are real client connections: a few *crowd* processes, each with one
+thread and one ``TCPStore`` client per simulated rank, and one more crowd that holds a
+single rank, the *victim*, whose process is SIGKILLed in the last phase. Every client
+counts its requests as they go on the wire (:class:`bench.counting.CountingStore`).
 
-A phase is ``calls`` creating calls in a row on every simulated rank (fresh keys per
-call, the same mesh code everywhere):
+Each rank is in one group of ``group`` ranks; :mod:`bench.store_ranks` makes its
+calls. A phase is ``calls`` creating calls on every rank:
 
-* fmesh: ``fmesh._runtime.agreement.agree(store, rank=r, ranks=range(N), ...)``, the
-  agreement a realize call that creates groups makes first;
-* torch: ``_store_based_barrier(r, store, name, N, timeout)``, torch's own store
-  barrier (what ``init_process_group`` and ``new_group`` run when
-  ``TORCH_DIST_INIT_BARRIER=1``; off by default, so torch's recipes in the other
-  sections make no such check).
-
-Each client counts its requests on the wire (:class:`bench.counting.CountingStore`);
-the server's CPU per phase is the difference of two readings. A warm-up phase of each
-goes first; then the phases alternate. Total server CPU per call is extrapolated to
-2^17 and 2^20 ranks along a straight line through the measured sizes (both protocols
-cost the server O(1) per rank: each request touches one key, and one wake-up reaches
-every waiter once).
+* ``fmesh``: fmesh's real agreement and peer watch (``store_ranks.fmesh_call``, the
+  adapter), with the group's creation replaced by the store requests its backend's
+  rendezvous sends, then a wait of ``hold_s`` in the store fmesh gives the creation;
+* ``torch``: the same rendezvous requests on a connection of its own, then a sleep (torch's
+  creation waits in one blocked request). gloo: every member sets its address, then
+  waits for and reads every member's, itself included (what ``ProcessGroupGloo``'s
+  ``connectFullMesh`` sends, counted at a real group); NCCL (eager): group rank 0 sets
+  the unique id, the others read it (``broadcastUniqueNCCLID``);
+* ``barrier``: torch's own ``_store_based_barrier`` over the whole world, what each
+  ``new_group`` call runs with ``TORCH_DIST_INIT_BARRIER=1`` (off by default);
+* ``find`` (fmesh, once, last): every rank waits in its creation; once all are in, the
+  requests and the server's CPU are read over ``steady_s``, then the victim's process
+  is SIGKILLed, and the time until every survivor raised ``PeerLostError`` is taken.
 """
 
 from __future__ import annotations
 
-import datetime
+import collections
+import contextlib
 import os
-import re
 import resource
-import statistics
 import threading
 import time
-import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
+from typing import Any
 
 from . import torch_ref
-from .counting import CountingStore, delta, per_call
+from .counting import delta
 from .launch import Service, reply, serve
-from .shared import Bench, Json, Row, world_str
+from .shared import Json, Row, median, world_str
+from .store_ranks import TIMEOUT, OwnClient, run_rank, setup_process
 
-IMPLS = ("fmesh", "torch")
-CLIENT_PROCESSES = 4
-TIMEOUT = datetime.timedelta(seconds=120)
-CODE = 0x5EED
-"""The call code every simulated rank agrees on."""
+PER_CROWD = 64
+"""Simulated ranks per crowd process: more threads per process contend for its GIL."""
 EXTRAPOLATE = (2**17, 2**20)
-_CALL = re.compile(r"bench/[^/:]+/(\d+)")
-
-
-class OwnClient(CountingStore):
-    """One simulated rank's client: never cloned (a clone would connect anew)."""
-
-    def clone(self) -> CountingStore:
-        return self
-
-
-def _call_of(key: str) -> str | None:
-    match = _CALL.search(key)
-    return None if match is None else match.group(1)
+IMPLS = ("fmesh", "torch")
+CPU_CALL = "a creating call (gloo): server CPU per call (all ranks)"
 
 
 def _prepare_process() -> None:
-    """A server or client process holds one socket per simulated rank: raise its limit.
-
-    Also cap glibc's resolver at one 1-second try: torch looks up the host name of
-    every new client socket (for its logs), and where the DNS server drops some of
-    those reverse lookups each connection that meets one stalls for 5 s (10 s with
-    two tries). Only connecting is affected, which is not measured.
-    """
+    """A server or crowd holds a socket per simulated rank: raise its limit. Also cap
+    glibc's resolver at one 1-second try: torch looks up the host name of every new
+    client socket (for its logs), and a dropped lookup stalls a connection 5 s."""
     os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-# -- the processes ----------------------------------------------------------------------
-
-
 def serve_store(spec: Json, conn: Connection) -> None:
-    """The server: its port, then its CPU time or the keys left, until stopped."""
+    """The server: its port, then answers (CPU time, keys under a tag, a counter)."""
     _prepare_process()
     store = torch_ref.host_store(spec["world"], TIMEOUT)
     reply(conn, store.port)
     while (request := conn.recv()) is not None:
         if request[0] == "cpu":
             reply(conn, time.process_time())
-        else:  # ("keys", tag): the keys a phase left
+        elif request[0] == "keys":
             reply(conn, sum(f"bench/{request[1]}/" in k for k in store.list_keys()))
+        else:  # ("count", key)
+            reply(conn, store.add(request[1], 0))
 
 
-def _one_call(
-    impl: str, store: CountingStore, rank: int, world: int, tag: str, call: int
-) -> None:
-    from fmesh._runtime import (
-        agreement as _agree,  # the agreement a creating realize call makes
-    )
-
-    if impl == "fmesh":
-        _agree.agree(
-            store,
-            rank=rank,
-            ranks=range(world),
-            code=CODE,
-            record=lambda: _agree.Record(rank, CODE, "the store-load benchmark", ""),
-            timeout=TIMEOUT,
-            prefix=f"{_agree.KEY_ROOT}bench/{tag}/{call}/",
-            where=f"store-load call {call}",
-        )
-    else:
-        torch_ref.store_based_barrier(rank, store, f"bench/{tag}/{call}", world, TIMEOUT)
+def _counts(pair: tuple[OwnClient, ...]) -> dict[str, int]:
+    """Requests by kind of a rank's connections."""
+    return dict(sum((collections.Counter(c.snapshot()) for c in pair), collections.Counter()))
 
 
-def serve_clients(spec: Json, conn: Connection) -> None:
-    """Simulated ranks ``spec["ranks"]``: one connection and one thread each. Each
-    request ``(impl, tag, calls)`` runs a phase on every thread; the answer is each
-    rank's requests and the most any rank sent in one call."""
+def serve_crowd(spec: Json, conn: Connection) -> None:
+    """Simulated ranks ``spec["ranks"]``, one client each; a request ``(phase, tag)``
+    runs the phase on one thread per rank and answers each rank's requests by kind,
+    its errors and when they came; ``("snapshot",)`` meanwhile: the requests so far."""
     _prepare_process()
     threading.stack_size(512 * 1024)
-    ranks: list[int] = spec["ranks"]
-    world: int = spec["world"]
-    clients = [OwnClient(torch_ref.plain_client(spec["port"], TIMEOUT)) for _ in ranks]
-    job: list[tuple[str, str, int] | None] = [None]
-    errors: list[str] = []
-    go = threading.Barrier(len(ranks) + 1)
-    done = threading.Barrier(len(ranks) + 1)
-
-    def simulated(i: int) -> None:
-        while True:
-            go.wait()
-            current = job[0]
-            if current is None:
-                return
-            impl, tag, calls = current
-            try:
-                for call in range(calls):
-                    _one_call(impl, clients[i], ranks[i], world, tag, call)
-            except BaseException:
-                errors.append(traceback.format_exc())
-            done.wait()
-
-    threads = [
-        threading.Thread(target=simulated, args=(i,), daemon=True) for i in range(len(ranks))
-    ]
-    for t in threads:
-        t.start()
+    ranks = spec["ranks"]
+    # Two connections per rank, fmesh's and torch's: a client whose wait timed out (the
+    # watch's sliced waits) can return early from a later one (see wait_get in
+    # fmesh/_runtime/agreement_records.py); torch's side must not inherit that.
+    clients = {
+        r: tuple(OwnClient(torch_ref.plain_client(spec["port"], TIMEOUT)) for _ in "ft")
+        for r in ranks
+    }
+    setup_process(ranks)
     reply(conn, len(clients))
     while (request := conn.recv()) is not None:
-        before = [c.key_snapshot() for c in clients]
-        job[0] = request
-        start = time.perf_counter()
-        go.wait()
-        done.wait()
-        seconds = time.perf_counter() - start
-        if errors:
-            raise RuntimeError(
-                f"{len(errors)} simulated ranks failed; the first:\n{errors[0]}"
+        if request == ("snapshot",):  # the phase ended already (every rank raised)
+            reply(conn, sum(sum(_counts(pair).values()) for pair in clients.values()))
+            continue
+        before = {r: _counts(pair) for r, pair in clients.items()}
+        out: dict[int, Json] = {}
+
+        threads = [
+            threading.Thread(
+                target=run_rank, args=(out, r, clients[r], request, spec), daemon=True
             )
-        calls = [
-            per_call(delta(c.key_snapshot(), b), _call_of) for c, b in zip(clients, before)
+            for r in ranks
         ]
-        reply(
-            conn,
-            {
-                "requests": [sum(c.values()) for c in calls],
-                "max_per_call": max(max(c.values(), default=0) for c in calls),
-                "seconds": seconds,
-            },
-        )
-    job[0] = None
-    go.wait()
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            if conn.poll(0.05):
+                try:
+                    conn.recv()  # ("snapshot",)
+                except EOFError:  # the bench is gone: so is this crowd
+                    os._exit(1)
+                reply(conn, sum(sum(_counts(pair).values()) for pair in clients.values()))
+        for r, pair in clients.items():
+            out[r]["kinds"] = delta(_counts(pair), before[r])
+        reply(conn, out)
 
 
 # -- one size ---------------------------------------------------------------------------
 
-
-def _phase(
-    server: Service, clients: Sequence[Service], impl: str, tag: str, calls: int
-) -> Json:
-    cpu0 = server.ask(("cpu",), 60)
-    for c in clients:
-        c.send((impl, tag, calls))
-    answers = [c.receive(600) for c in clients]
-    cpu1 = server.ask(("cpu",), 60)
-    requests = [n for a in answers for n in a["requests"]]
-    return {
-        "server_cpu_s": cpu1 - cpu0,
-        "calls": calls,
-        "requests": sum(requests),
-        "max_per_call": max(a["max_per_call"] for a in answers),
-        "keys_left": server.ask(("keys", tag), 60),
-        "seconds": max(a["seconds"] for a in answers),
-    }
+PHASES = ("fmesh-gloo", "torch-gloo", "fmesh-nccl", "torch-nccl", "barrier")
 
 
-def measure(world: int, calls: int, repeats: int) -> Json:
-    """Both protocols at ``world`` simulated ranks: warm-up, then alternating phases."""
+@contextlib.contextmanager
+def crowds(world: int, spec: Json) -> Iterator[tuple[Service, list[Service], Service]]:
+    """The server, the crowds, the victim's crowd (the middle rank), all connected."""
     services: list[Service] = []
     try:
         server = serve(serve_store, {"world": world})
         services.append(server)
         port = server.receive(60)
-        n = min(CLIENT_PROCESSES, world)
-        blocks = [list(range(world))[i * world // n : (i + 1) * world // n] for i in range(n)]
-        clients = [
-            serve(serve_clients, {"port": port, "world": world, "ranks": block})
-            for block in blocks
-        ]
-        services += clients
-        start = time.perf_counter()
-        for c in clients:
-            c.receive(600)
-        connect_s = time.perf_counter() - start
-        for impl in IMPLS:
-            _phase(server, clients, impl, f"warm-{impl}", 1)
-        runs: Json = {impl: [] for impl in IMPLS}
-        for repeat in range(repeats):
-            for impl in IMPLS:
-                runs[impl].append(_phase(server, clients, impl, f"{impl}-{repeat}", calls))
-        return {"connect_s": connect_s, **runs}
+        victim = world // 2 + 1
+        rest = [r for r in range(world) if r != victim]
+        n = -(-len(rest) // PER_CROWD)
+        blocks = [rest[i * len(rest) // n : (i + 1) * len(rest) // n] for i in range(n)]
+        for block in [*blocks, [victim]]:
+            services.append(
+                serve(serve_crowd, {**spec, "port": port, "world": world, "ranks": block})
+            )
+        for s in services[1:]:
+            s.receive(600)
+        yield server, services[1:-1], services[-1]
     finally:
         for s in services:
             s.close()
 
 
+def _phase(server: Service, crowd: list[Service], phase: str, tag: str, calls: int) -> Json:
+    """Run one phase on every crowd: each rank's answer, the server's CPU, the time."""
+    cpu0, start = server.ask(("cpu",), 60), time.monotonic()
+    for c in crowd:
+        c.conn.send((phase, tag, calls))
+    ranks = {r: v for c in crowd for r, v in c.receive(900).items()}
+    seconds = time.monotonic() - start
+    failed = [v["trace"] for v in ranks.values() if "trace" in v]
+    if failed:
+        raise RuntimeError(
+            f"{len(failed)} simulated ranks failed in {phase}; the first:\n{failed[0]}"
+        )
+    return {
+        "ranks": ranks,
+        "cpu": server.ask(("cpu",), 60) - cpu0,
+        "seconds": seconds,
+        "keys": server.ask(("keys", tag), 60),
+    }
+
+
+def _find(
+    server: Service, crowd: list[Service], victim: Service, world: int, steady_s: float
+) -> Json:
+    """Every rank waits in its creation; the load over ``steady_s``; then the victim's
+    process is killed, and each survivor's error and when it came."""
+    tag = "find"
+    for c in [*crowd, victim]:
+        c.conn.send(("find", tag, 1))
+    deadline = time.monotonic() + 600
+    while server.ask(("count", f"bench/{tag}/0/in"), 60) < world:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the ranks never all entered their creation")
+        time.sleep(0.05)
+
+    def load() -> tuple[float, float, int]:
+        counts = sum(c.ask(("snapshot",), 60) for c in [*crowd, victim])
+        return time.monotonic(), server.ask(("cpu",), 60), counts
+
+    t0, cpu0, n0 = load()
+    time.sleep(steady_s)
+    t1, cpu1, n1 = load()
+    killed = time.monotonic()
+    victim.proc.kill()  # a process this bench started
+    ranks = {r: v for c in crowd for r, v in c.receive(900).items()}
+    return {
+        "ranks": ranks,
+        "steady_rate": (n1 - n0) / (t1 - t0),
+        "steady_cpu": (cpu1 - cpu0) / (t1 - t0),
+        "killed": killed,
+    }
+
+
+OPTIONS = {"group": 8, "hold_s": 0.5, "barriers": 2, "steady_s": 3.0, "timeout_s": None}
+"""Ranks per group, the wait that stands for a creation, barriers measured per phase,
+seconds the waiting load is read over, and the watch's timeout (``None``: defaults)."""
+
+
+def measure(
+    world: int, repeats: int, calls: int, **options: Any
+) -> dict[str, list[list[Json]]]:
+    """Every phase at ``world`` simulated ranks, ``repeats`` times (after a warm-up of
+    each), then ``find``: per library, one result per repeat, the figures of
+    :data:`METRICS` (:data:`OPTIONS` as given)."""
+    spec = {**OPTIONS, **options, "calls": calls}
+    out: dict[str, list[list[Json]]] = {"fmesh": [], "torch": []}
+    with crowds(world, spec) as (server, crowd, victim):
+        every = [*crowd, victim]
+        for phase in PHASES:  # first calls import and connect what later ones reuse
+            _phase(server, every, phase, f"warm-{phase}", 1)
+        for repeat in range(repeats):
+            got = {p: _phase(server, every, p, f"{p}-{repeat}", calls) for p in PHASES}
+            out["fmesh"].append([_figures(got, "fmesh", world, spec)])
+            out["torch"].append([_figures(got, "torch", world, spec)])
+        found = _find(server, crowd, victim, world, spec["steady_s"])
+    out["fmesh"][0][0].update(_found(found, world))
+    return out
+
+
+def _per_rank(phase: Json, which: Callable[[str], bool] = lambda k: True) -> float:
+    ranks = phase["ranks"].values()
+    return float(sum(n for v in ranks for k, n in v["kinds"].items() if which(k)) / len(ranks))
+
+
+def _figures(got: dict[str, Json], impl: str, world: int, spec: Json) -> Json:
+    calls = spec["calls"]
+    gloo, nccl = got[f"{impl}-gloo"], got[f"{impl}-nccl"]
+    figures = {
+        "requests": _per_rank(gloo) / calls,
+        "nccl": _per_rank(nccl) / calls,
+        "cpu_rank": gloo["cpu"] / calls / world,
+        "cpu_call": gloo["cpu"] / calls,
+        "seconds": gloo["seconds"] / calls,
+        "rate": _per_rank(gloo) * world / gloo["seconds"],
+        "keys_left": gloo["keys"] / calls,
+        "group": str(spec["group"]),
+        "barriers": str(spec["barriers"]),
+        "hold": f"{spec['hold_s']:g} s",
+        "per_crowd": str(PER_CROWD),
+    }
+    if impl == "fmesh":
+        figures["own"] = _per_rank(gloo, lambda k: k in ("agree", "watch")) / calls
+    else:  # one barrier per new_group call: world / group calls for these groups
+        per_barrier = _per_rank(got["barrier"]) / (calls * spec["barriers"])
+        figures["barrier"] = per_barrier * world / spec["group"]
+        figures["per_barrier"] = per_barrier
+    return figures
+
+
+def _found(found: Json, world: int) -> Json:
+    errors = [v for v in found["ranks"].values() if "error" in v]
+    victim = [world // 2 + 1]  # see crowds()
+    lost_named = [v for v in errors if v["error"] == "PeerLostError" and v["lost"] == victim]
+    after = [v["at"] - found["killed"] for v in errors if v["at"] >= found["killed"]]
+    return {
+        "find_s": max(after) if after else None,  # None: every error came before the kill
+        "find_median_s": median(after) if after else None,
+        "early": len(errors) - len(after),
+        "survivors": len(found["ranks"]),
+        "peer_lost": len(lost_named),
+        "watch_rank": found["steady_rate"] / world,
+        "watch_rate": found["steady_rate"],
+        "watch_cpu": found["steady_cpu"],
+    }
+
+
 # -- rows -------------------------------------------------------------------------------
 
 
-def fit(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """(intercept, slope) of the least-squares line through ``points`` (through the
-    origin when there is one point)."""
+def extrapolate(rows: list[Row]) -> list[Row]:
+    """The server's load at 2^17 and 2^20 ranks (same group size), not measured: the
+    waiting ranks' rate as N times the highest rate per rank measured (where the crowds
+    kept up best); a call's CPU (all ranks) along the least-squares line through the
+    measured sizes."""
+    rate = [r for r in rows if r.key == "store.watch.per_rank" and r.fmesh is not None]
+    cpu = [r for r in rows if r.key == "store.call.cpu_per_rank" and r.fmesh is not None]
+    if not (rate and cpu):
+        return []
+    last = max(rate, key=lambda r: r.fmesh or 0.0)
+    label = last.bench.replace("per rank per second", "per second")
+    sizes = ", ".join(str(r.ranks) for r in cpu)
+    out = []
+    for n in EXTRAPOLATE:
+        fm, th = (
+            _fit([(r.ranks, (getattr(r, s) or 0.0) * r.ranks) for r in cpu], n) for s in IMPLS
+        )
+        w = world_str(n)
+        # fmt: off
+        out += [
+            Row("store.watch.server_extrapolated", last.section, label, w, n, "/s",
+                (last.fmesh or 0.0) * n, None, skipped=last.skipped, every_size=True,
+                note=f"extrapolated (N x the rate per rank at {last.world}), not measured"),
+            Row("store.call.cpu_per_call_extrapolated", last.section, CPU_CALL, w, n, "s", fm,
+                th, note=f"extrapolated (straight line from N={sizes}), not measured",
+                every_size=True),
+        ]
+        # fmt: on
+    return sorted(out, key=lambda r: r.key, reverse=True)
+
+
+def _fit(points: list[tuple[int, float]], x: int) -> float:
+    """The least-squares line through ``points`` at ``x`` (through the origin for one)."""
     if len(points) == 1:
-        (x, y) = points[0]
-        return 0.0, y / x
-    mx = statistics.fmean(x for x, _ in points)
-    my = statistics.fmean(y for _, y in points)
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
-    return my - slope * mx, slope
-
-
-def _per(runs: list[Json], world: int, what: str) -> float:
-    """Median over phases of ``what`` per call (per rank too for requests and CPU)."""
-    field, per_rank = {
-        "requests": ("requests", True),
-        "cpu_rank": ("server_cpu_s", True),
-        "cpu_call": ("server_cpu_s", False),
-        "keys": ("keys_left", False),
-    }[what]
-    return float(
-        statistics.median(
-            float(r[field]) / (r["calls"] * (world if per_rank else 1)) for r in runs
-        )
-    )
-
-
-SIMULATED = (
-    "N simulated ranks, each its own TCPStore client connection to one server process; "
-    "fmesh: _agree.agree(ranks=range(N)); torch: _store_based_barrier"
-)
-ROWS = (
-    (
-        "store.requests",
-        "requests",
-        "one creating call's agreement: store requests per rank",
-        "count",
-        f"{SIMULATED}; counted on the wire, mean over ranks and calls",
-        False,
-    ),
-    (
-        "store.cpu_per_rank",
-        "cpu_rank",
-        "one creating call's agreement: server CPU per rank",
-        "s",
-        f"{SIMULATED}; CPU time of the server process (all its threads) per call and rank",
-        True,
-    ),
-    (
-        "store.cpu_per_call",
-        "cpu_call",
-        "one creating call's agreement: server CPU per call (all ranks)",
-        "s",
-        f"{SIMULATED}; CPU time of the server process per call",
-        False,
-    ),
-    (
-        "store.keys_left",
-        "keys",
-        "keys one call leaves in the store",
-        "count",
-        "fmesh: the last reader removes the call's keys; torch's barrier keeps its 2",
-        False,
-    ),
-)
-
-
-def section(b: Bench) -> None:
-    raw: Json = {}
-    rows: list[Row] = []
-    sizes = b.mode.store_ranks
-    for world in sizes:
-        b.log(f"store load, {world} simulated ranks ...")
-        runs = measure(world, b.mode.store_calls, b.mode.store_repeats)
-        raw[str(world)] = runs
-        for key, what, label, unit, note, every in ROWS:
-            rows.append(
-                Row(
-                    key,
-                    "store load",
-                    label,
-                    world_str(world),
-                    world,
-                    unit,
-                    _per(runs["fmesh"], world, what),
-                    _per(runs["torch"], world, what),
-                    note=note,
-                    every_size=every,
-                )
-            )
-    order = [r[0] for r in ROWS]
-    rows.sort(key=lambda r: order.index(r.key))
-    lines = {
-        impl: fit([(w, _per(raw[str(w)][impl], w, "cpu_call")) for w in sizes])
-        for impl in IMPLS
-    }
-    raw["fit"] = lines
-    source = ", ".join(map(str, sizes))
-    for world in EXTRAPOLATE:
-        fm, th = (a + s * world for a, s in (lines["fmesh"], lines["torch"]))
-        rows.append(
-            Row(
-                "store.cpu_per_call_extrapolated",
-                "store load",
-                "one creating call's agreement: server CPU per call (all ranks)",
-                world_str(world),
-                world,
-                "s",
-                fm,
-                th,
-                note=f"extrapolated (straight line from N={source}), not measured",
-                every_size=True,
-            )
-        )
-    b.raw["store_load"] = raw
-    b.rows.extend(rows)
+        return points[0][1] * x / points[0][0]
+    mx = sum(p for p, _ in points) / len(points)
+    my = sum(q for _, q in points) / len(points)
+    slope = sum((p - mx) * (q - my) for p, q in points) / sum((p - mx) ** 2 for p, _ in points)
+    return my + slope * (x - mx)

@@ -4,40 +4,30 @@ The recipe is torchtitan's (commit b5bcd76c6, its default ``spmd_types`` backend
 rewritten here call for call: a 1-d world mesh from ``init_device_mesh``, four
 ``_unflatten`` calls of it with ``backend_override={dim: "fake"}`` for the dims
 torchtitan keeps without a real group, one ``_flatten`` of a slice, and the slices it
-keeps. The only thing that differs between the two sides is which ``init_device_mesh``
-makes the world mesh: torch's, or ``fmesh.device_mesh.init_device_mesh`` (the change a
-trainer makes by one import). Every call after it is torch's own ``DeviceMesh`` method,
-so these rows measure whatever fmesh does, or does not do, for meshes it made.
-
-Per row: the time of ``build_mesh`` (fake backend: one rank, one fresh process per
-library and repeat, after a warm-up on a small world that is torn down and
-``gc.freeze()``; real gloo:
-the slowest rank's), torch ``new_group`` calls and process groups constructed while it
-runs (:func:`bench.torch_ref.counting_group_creation`), and the process's peak RSS.
-Each worker also describes every mesh the recipe built (ranks, local rank, group
-ranks) and the section checks that both libraries built the same ones.
+keeps. The two sides differ only in which ``init_device_mesh`` makes the world mesh:
+torch's, or ``fmesh.device_mesh.init_device_mesh`` (the change a trainer makes by one
+import). Every call after it is torch's own ``DeviceMesh`` method, so these rows
+measure whatever fmesh does, or does not do, for meshes it made. Each worker also
+describes every mesh built (ranks, local rank, group ranks), so the runner checks that
+both libraries built the same ones.
 """
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import resource
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import torch_ref
-from .launch import run_gloo_job, run_worker
-from .shared import Bench, Json, Row, world_str
+from .shared import NAMES, Json
+from .workloads import fresh_world, init_device_mesh_of
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-
-InitDeviceMesh = Callable[..., "DeviceMesh"]
 
 DEGREES = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
 
@@ -79,80 +69,32 @@ CONFIGS: dict[int, Config] = {
 """The configuration at each world size (every one valid for ``ParallelDims``)."""
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What a mode runs: fake worlds (one process per library and repeat) and gloo jobs."""
-
-    fake: tuple[int, ...]
-    fake_repeats: int
-    gloo: tuple[int, ...]
-    gloo_repeats: int
-
-
-PLANS = {
-    "full": Plan(fake=(2**10, 2**14, 2**17), fake_repeats=3, gloo=(4, 8, 16), gloo_repeats=2),
-    "quick": Plan(fake=(2**10, 2**14), fake_repeats=1, gloo=(4,), gloo_repeats=1),
-    "smoke": Plan(fake=(2**6,), fake_repeats=1, gloo=(4,), gloo_repeats=1),
-}
-WARM_UP_WORLD = 2**6
-LIBRARIES = ("fmesh", "torch")
-
-
-def init_device_mesh_of(impl: str) -> InitDeviceMesh:
-    """``fmesh.device_mesh.init_device_mesh`` or torch's, by name."""
-    if impl == "fmesh":
-        from fmesh.device_mesh import init_device_mesh
-
-        return init_device_mesh
-    if impl == "torch":
-        from torch.distributed.device_mesh import init_device_mesh as torch_init
-
-        return torch_init
-    raise ValueError(f"impl must be one of {LIBRARIES}, got {impl!r}")
-
-
-# -- the recipe ---------------------------------------------------------------------------
-
-
 def build_mesh(
-    init: InitDeviceMesh, world: int, config: Config, device_type: str = "cpu"
+    init: Callable[..., DeviceMesh], world: int, config: Config
 ) -> dict[str, DeviceMesh]:
-    """torchtitan's ``ParallelDims.build_mesh`` (``spmd_types`` backend), call for call.
-
-    Returns every mesh it keeps: the world, its global meshes and its 1-d meshes
-    (``"1d/<name>"``).
-    """
+    """torchtitan's ``ParallelDims.build_mesh`` (``spmd_types`` backend), call for call:
+    every mesh it keeps, the 1-d ones as ``"1d/<name>"``."""
     c = config.resolved(world)
 
-    def mesh_exist(name: str, degree: int) -> bool:  # ParallelDims._mesh_exist
+    def exists(name: str, degree: int) -> bool:  # ParallelDims._mesh_exist
         if name in ("fsdp", "dp_shard"):
             return True
-        if name == "efsdp":
-            return c.ep > 1
-        return degree > 1
+        return c.ep > 1 if name == "efsdp" else degree > 1
 
-    def unflatten_mesh(
-        world_mesh: DeviceMesh, names: tuple[str, ...], degrees: tuple[int, ...]
-    ) -> DeviceMesh:
-        override = {n: "fake" for n, d in zip(names, degrees) if not mesh_exist(n, d)}
+    def unflatten(names: tuple[str, ...], degrees: tuple[int, ...]) -> DeviceMesh:
+        override = {n: "fake" for n, d in zip(names, degrees) if not exists(n, d)}
         return torch_ref.unflatten(world_mesh, degrees, names, backend_override=override)
 
     batch = c.dp_replicate * c.dp_shard
     efsdp = c.dp_shard * c.cp * c.tp // c.ep
-    world_mesh = init(device_type, (world,), mesh_dim_names=("world",))
-    dataloading = unflatten_mesh(
-        world_mesh, ("pp", "batch", "cp", "tp"), (c.pp, batch, c.cp, c.tp)
-    )
+    world_mesh = init("cpu", (world,), mesh_dim_names=("world",))
+    dataloading = unflatten(("pp", "batch", "cp", "tp"), (c.pp, batch, c.cp, c.tp))
     loss = torch_ref.flatten(dataloading, ("batch", "cp"), "loss_mesh")
-    dense = unflatten_mesh(
-        world_mesh,
-        ("pp", "dp_replicate", "dp_shard", "cp", "tp"),
-        (c.pp, c.dp_replicate, c.dp_shard, c.cp, c.tp),
-    )
-    fwdbwd = unflatten_mesh(world_mesh, ("pp", "dp", "cp", "tp"), (c.pp, batch, c.cp, c.tp))
+    dense = unflatten(NAMES, (c.pp, c.dp_replicate, c.dp_shard, c.cp, c.tp))
+    fwdbwd = unflatten(("pp", "dp", "cp", "tp"), (c.pp, batch, c.cp, c.tp))
     spmd_dense = fwdbwd["dp", "cp", "tp"]
-    sparse = unflatten_mesh(
-        world_mesh, ("pp", "dp_replicate", "efsdp", "ep"), (c.pp, c.dp_replicate, efsdp, c.ep)
+    sparse = unflatten(
+        ("pp", "dp_replicate", "efsdp", "ep"), (c.pp, c.dp_replicate, efsdp, c.ep)
     )
     meshes = {
         "world": world_mesh,
@@ -199,150 +141,43 @@ def describe(meshes: Mapping[str, DeviceMesh]) -> Json:
     return out
 
 
-def digest(description: Json) -> str:
-    return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
-
-
-def measured_build(impl: str, world: int, config: Config) -> tuple[Json, object]:
-    """Run the recipe once, counted and timed; (figures, the meshes to keep alive)."""
+def measured(impl: str, world: int) -> Json:
+    """The recipe once, counted and timed: seconds, torch ``new_group`` calls, process
+    groups constructed, the process's peak RSS, and a digest of the meshes built."""
     init = init_device_mesh_of(impl)
     with torch_ref.counting_group_creation() as counts:
         start = time.perf_counter()
-        meshes = build_mesh(init, world, config)
+        meshes = build_mesh(init, world, CONFIGS[world])
         seconds = time.perf_counter() - start
-    description = describe(meshes)
-    figures: Json = {
+    text = json.dumps(describe(meshes), sort_keys=True)
+    return {
         "seconds": seconds,
-        "new_group": counts["new_group"],
-        "groups": counts["groups"],
-        "non_member": counts["non_member"],
+        **counts,
         "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "digest": digest(description),
-        "meshes": len(meshes),
+        "digest": hashlib.sha256(text.encode()).hexdigest(),
+        "config": CONFIGS[world].resolved(world).label(),
     }
-    return figures, meshes
 
 
-# -- workers ------------------------------------------------------------------------------
+def fake(spec: Json) -> Json:
+    """One library's ``build_mesh`` as rank 0 of a fake world."""
+    impl = spec["impl"]
+    fresh_world(
+        spec["world"],
+        lambda w: build_mesh(init_device_mesh_of(impl), w, CONFIGS[w]),
+        freeze=True,
+    )
+    return {impl: measured(impl, spec["world"])}
 
 
-def worker_fake(spec: Json) -> Json:
-    """One library's ``build_mesh`` on a fake world, as rank 0, in this process."""
-    impl: str = spec["impl"]
-    world: int = spec["world"]
-    torch_ref.init_fake(WARM_UP_WORLD)
-    warm_up = build_mesh(init_device_mesh_of(impl), WARM_UP_WORLD, CONFIGS[WARM_UP_WORLD])
-    del warm_up
-    torch_ref.teardown()
-    torch_ref.init_fake(world)
-    # The heap this process inherited from the bench's fork server (torch, numpy) is
-    # moved out of the collector's reach, on both sides: a full collection during the
-    # build would otherwise copy every page of it (about 90 ms here), a cost of the
-    # fork, not of either library.
-    gc.collect()
-    gc.freeze()
-    figures, keep = measured_build(impl, world, CONFIGS[world])
-    del keep
-    return figures
-
-
-def worker_gloo(spec: Json) -> Json:
+def gloo(spec: Json) -> Json:
     """One rank of a real gloo job: ``build_mesh`` once, counted and timed."""
     import torch.distributed as dist
 
     import fmesh.device_mesh  # noqa: F401 - imported before timing, as torch's module
 
     torch_ref.init_gloo_worker(spec)
-    rank, world = dist.get_rank(), dist.get_world_size()
     dist.barrier()
-    figures, keep = measured_build(spec["impl"], world, CONFIGS[world])
+    out = measured(spec["impl"], dist.get_world_size())
     dist.barrier()
-    del keep
-    return {"rank": rank, **figures}
-
-
-# -- the section --------------------------------------------------------------------------
-
-TORCH_NOTE = "torch: the same recipe with torch's init_device_mesh"
-SAME = "same meshes on both sides (ranks, local ranks, group ranks)"
-
-
-def section(b: Bench) -> None:
-    plan = PLANS[b.mode.name]
-    raw: Json = {
-        "configs": {str(w): CONFIGS[w].resolved(w).label() for w in (*plan.fake, *plan.gloo)},
-        "fake": {},
-        "gloo": {},
-    }
-    b.raw["titan"] = raw
-    for world in plan.fake:
-        b.log(f"torchtitan build_mesh on fake at {world_str(world)} ranks ...")
-        runs: dict[str, list[Json]] = {impl: [] for impl in LIBRARIES}
-        for _ in range(plan.fake_repeats):
-            for impl in LIBRARIES:  # interleaved: the machine's load drifts
-                spec = {"impl": impl, "world": world}
-                runs[impl].append(run_worker(worker_fake, spec, 600))
-        raw["fake"][str(world)] = runs
-        _rows(
-            b, "fake", world, world_str(world), {k: [[r] for r in v] for k, v in runs.items()}
-        )
-    for world in plan.gloo:
-        b.log(f"torchtitan build_mesh on gloo, {world} ranks ...")
-        jobs: dict[str, list[list[Json]]] = {impl: [] for impl in LIBRARIES}
-        for _ in range(plan.gloo_repeats):
-            for impl in LIBRARIES:
-                jobs[impl].append(run_gloo_job(worker_gloo, world, {"impl": impl}, 600))
-        raw["gloo"][str(world)] = jobs
-        _rows(b, "gloo", world, str(world), jobs)
-
-
-def same_meshes(jobs: Mapping[str, list[list[Json]]]) -> bool:
-    """Every rank of every run described the same meshes with both libraries."""
-    digests = {
-        impl: {(r.get("rank", 0), r["digest"]) for job in runs for r in job}
-        for impl, runs in jobs.items()
-    }
-    fm, th = digests["fmesh"], digests["torch"]
-    return fm == th and len(fm) == len({rank for rank, _ in fm})
-
-
-def _slowest(jobs: list[list[Json]], key: str) -> float:
-    """Median over runs of the largest figure over a run's ranks."""
-    return float(statistics.median(max(r[key] for r in job) for job in jobs))
-
-
-def _rows(b: Bench, backend: str, world: int, label: str, jobs: dict[str, Any]) -> None:
-    same = same_meshes(jobs)
-    b.raw["titan"].setdefault("same_meshes", {})[f"{backend}/{world}"] = same
-    if not same:
-        b.log(f"torchtitan {backend} {label}: fmesh and torch built DIFFERENT meshes")
-    config = CONFIGS[world].resolved(world).label()
-    where = "one rank, fresh process" if backend == "fake" else "real gloo, slowest rank"
-    check = SAME if same else "**meshes differ from torch's**"
-    figures = (
-        ("seconds", "s", "wall time", f"{where}; {config}; {check}"),
-        ("new_group", "count", "torch new_group calls", "per rank (max over ranks)"),
-        (
-            "groups",
-            "count",
-            "process groups constructed",
-            "_new_process_group_helper calls that made a group, per rank (max)",
-        ),
-        ("rss_peak", "B", "peak RSS", "ru_maxrss of the process (max over ranks)"),
-    )
-    for key, unit, what, note in figures:
-        b.add(
-            Row(
-                f"titan.{backend}.{key}",
-                f"torchtitan ({backend})",
-                f"ParallelDims.build_mesh, one-import change: {what}",
-                label,
-                world,
-                unit,
-                _slowest(jobs["fmesh"], key),
-                _slowest(jobs["torch"], key),
-                note=f"{note}; {TORCH_NOTE}",
-                resolution=2**20 if unit == "B" else 0.0,
-                every_size=backend == "gloo" and key == "seconds",
-            )
-        )
+    return {"rank": dist.get_rank(), **out}

@@ -4,7 +4,9 @@ Timings are never asserted: the machine is shared and noisy. Checked instead:
 
 * ``python -m bench --smoke`` runs every benchmark once at tiny sizes, writes only to
   the ignored ``bench/out/`` (the committed results stay as they are), and reports
-  every row with both figures and a ratio that really is torch / fmesh;
+  every row with both figures and a ratio that really is torch / fmesh; its store load
+  (16 simulated ranks on one real TCPStore) counts what each side sends and finds the
+  rank whose process it kills;
 * the committed ``bench/results.json`` comes from a full run of the current
   benchmark set (every benchmark the smoke run has, at every size), and
   ``bench/results.md`` and the section of ``docs/benchmarks.md`` are exactly what it
@@ -47,6 +49,10 @@ SECTIONS = {
 }
 EXTRAPOLATED = {2**17, 2**20}
 """World sizes the store load is extrapolated to."""
+STORE_EXTRAPOLATED = (
+    "store.watch.server_extrapolated",
+    "store.call.cpu_per_call_extrapolated",
+)
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -54,7 +60,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "bench", *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         cwd=ROOT,
         check=False,
     )
@@ -132,6 +138,7 @@ def test_every_benchmark_at_every_size(smoke: dict[str, Any]) -> None:
     assert sections == SECTIONS
     worlds = {int(w) for w in smoke["shapes"]}
     gloo = {math.prod(s) for s in smoke["gloo_shapes"]}
+    store = {int(n) for n in smoke["raw"]["store.call"]}
     for key, seen in sizes.items():
         if key.startswith(("pure.", "fake.trainer5.")):
             assert seen == worlds, (key, seen)
@@ -141,16 +148,16 @@ def test_every_benchmark_at_every_size(smoke: dict[str, Any]) -> None:
             assert seen == gloo, (key, seen)
         elif key.startswith("fake.hit"):
             assert seen == worlds, (key, seen)
-        elif key.startswith("titan."):
-            backend = key.split(".")[1]
-            assert seen == {int(w) for w in smoke["raw"]["titan"][backend]}, (key, seen)
+        elif key.startswith("titan.fake."):
+            assert seen == {2**6}, (key, seen)
+        elif key.startswith("titan.gloo."):
+            assert seen == {4}, (key, seen)
         elif key.startswith("plan."):
-            planned = {int(k.split(".")[1]) for k in smoke["raw"] if k.startswith("plan.")}
-            assert seen == planned, (key, seen)
-        elif key == "store.cpu_per_call_extrapolated":
+            assert seen == {2**9}, (key, seen)
+        elif key in STORE_EXTRAPOLATED:
             assert seen == EXTRAPOLATED, (key, seen)
         elif key.startswith("store."):
-            assert seen == set(smoke["store_ranks"]), (key, seen)
+            assert seen == store == {16}, (key, seen)
     pure = {k for k in sizes if k.startswith("pure.")}
     for op in ("construct", "slice", "flatten", "unflatten", "coordinate"):
         assert any(op in k for k in pure), (op, pure)
@@ -158,7 +165,8 @@ def test_every_benchmark_at_every_size(smoke: dict[str, Any]) -> None:
 
 def _gloo_ranks(smoke: dict[str, Any], impl: str, counted: bool) -> list[dict[str, Any]]:
     """Every rank of every job of ``impl``: the counting jobs', or the timed jobs'."""
-    ranks = [r for jobs in smoke["raw"]["gloo"].values() for job in jobs[impl] for r in job]
+    sizes = smoke["raw"]["gloo.trainer5"].values()
+    ranks = [r for size in sizes for job in size["runs"][impl] for r in job]
     chosen = [r for r in ranks if r["counted"] == counted]
     assert chosen, (impl, counted)
     return chosen
@@ -205,22 +213,35 @@ def test_gloo_creating_calls_agree_in_a_handful_of_requests(smoke: dict[str, Any
     assert rows["gloo.trainer5.keys"]["torch"] > 0
 
 
-def test_store_load_counts_what_each_protocol_sends(smoke: dict[str, Any]) -> None:
-    raw = smoke["raw"]["store_load"]
-    for n in smoke["store_ranks"]:
-        for phase in raw[str(n)]["fmesh"]:
-            # Exactly 3 per rank and call, plus 1 for the call's last reader.
-            assert phase["requests"] == phase["calls"] * (3 * n + 1), phase
-            assert phase["max_per_call"] <= 5, phase
-            assert phase["keys_left"] == 0, phase
-        for phase in raw[str(n)]["torch"]:
-            # add, add, wait per rank; a set by every rank that saw the full count.
-            assert phase["calls"] * 3 * n < phase["requests"] <= phase["calls"] * 4 * n
-            assert phase["keys_left"] == 2 * phase["calls"], phase
-    rows = [r for r in smoke["rows"] if r["key"] == "store.cpu_per_call_extrapolated"]
-    assert {r["ranks"] for r in rows} == EXTRAPOLATED
-    for row in rows:
-        assert row["note"].startswith("extrapolated (straight line from N="), row
+def test_store_load_runs_fmesh_and_torch_side_by_side(smoke: dict[str, Any]) -> None:
+    # 16 simulated ranks in groups of 8, each its own client of one real TCPStore.
+    (size,) = smoke["raw"]["store.call"].values()
+    ((fm,),) = size["runs"]["fmesh"]
+    ((th,),) = size["runs"]["torch"]
+    # gloo's rendezvous of an 8-rank group: a set, then a wait and a get (2 requests on
+    # the wire) for each member, itself included: 1 + 3 * 8 per rank.
+    assert th["requests"] == 25
+    # NCCL's unique id: group rank 0 sets it, the 7 others get it (2 requests each).
+    assert th["nccl"] == (1 + 7 * 2) / 8
+    # torch's opt-in new_group barrier: add, add, wait, and a set by the last rank(s).
+    assert 3 <= th["per_barrier"] <= 4
+    assert th["barrier"] == th["per_barrier"] * 16 / 8
+    # fmesh's agreement alone is 3 per rank (4 for the last): its own part is more, and
+    # its call costs the rendezvous (through its sliced store) plus its own part.
+    assert fm["own"] > 3
+    assert fm["requests"] >= fm["own"] + 8
+    # Both leave gloo's 16 address keys (one per rank) and nothing else.
+    assert fm["keys_left"] == th["keys_left"] == 16
+    # The victim's process was SIGKILLed while every rank waited in its creation: every
+    # survivor raised PeerLostError naming it, well within 30 s.
+    assert fm["survivors"] == fm["peer_lost"] == 15, fm
+    assert fm["early"] == 0, fm
+    assert 0 < fm["find_s"] < 30, fm
+    assert fm["watch_rank"] > 0 and fm["watch_cpu"] > 0
+    rows = {(r["key"], r["ranks"]): r for r in smoke["rows"] if r["key"].startswith("store.")}
+    for key in STORE_EXTRAPOLATED:
+        for n in EXTRAPOLATED:
+            assert rows[key, n]["note"].startswith("extrapolated ("), rows[key, n]
 
 
 def test_markdown_table_has_one_line_per_row(smoke: dict[str, Any]) -> None:
@@ -261,8 +282,11 @@ def test_benchmark_page_rows_are_rows_of_the_full_table() -> None:
 def test_titan_rows_check_that_both_libraries_built_the_same_meshes(
     smoke: dict[str, Any],
 ) -> None:
-    titan = smoke["raw"]["titan"]
-    assert titan["same_meshes"] and all(titan["same_meshes"].values()), titan["same_meshes"]
+    from bench.runners import same_meshes
+
+    for backend in ("fake", "gloo"):
+        for size in smoke["raw"][f"titan.{backend}"].values():
+            assert same_meshes(size["runs"]) is True, size
     rows = {(r["key"], r["ranks"]): r for r in smoke["rows"] if r["key"].startswith("titan.")}
     for (key, _), row in rows.items():
         if key.endswith((".new_group", ".groups")):
@@ -273,12 +297,13 @@ _TITAN_SCRIPT = """
 import json, sys
 import torch.distributed as dist
 import fmesh
-from bench import titan, torch_ref
+from bench import titan, torch_ref, workloads
 out = {}
 for impl in ("torch", "fmesh"):
     torch_ref.init_fake(64)
     with torch_ref.counting_group_creation() as counts:
-        meshes = titan.build_mesh(titan.init_device_mesh_of(impl), 64, titan.CONFIGS[64])
+        init = workloads.init_device_mesh_of(impl)
+        meshes = titan.build_mesh(init, 64, titan.CONFIGS[64])
     out[impl] = {"meshes": titan.describe(meshes), "counts": dict(counts)}
     del meshes
     fmesh.destroy()
@@ -310,13 +335,16 @@ def test_titan_recipe_builds_the_same_meshes_with_torch_and_fmesh() -> None:
 
 def test_titan_configs_are_valid_parallel_dims() -> None:
     from bench import titan
+    from bench.cases import CASES
 
     for world, config in titan.CONFIGS.items():
         c = config.resolved(world)
         assert c.pp * c.dp_replicate * c.dp_shard * c.cp * c.tp == world
         assert (c.dp_shard * c.cp * c.tp) % c.ep == 0
-    for plan in titan.PLANS.values():
-        assert set(plan.fake) | set(plan.gloo) <= set(titan.CONFIGS)
+    for case in CASES:
+        if case.name == "titan":
+            for sizes in case.sizes.values():
+                assert set(sizes) <= set(titan.CONFIGS), (case.section, sizes)
 
 
 def test_a_section_run_merges_into_the_committed_results() -> None:
@@ -347,12 +375,12 @@ def test_a_section_run_merges_into_the_committed_results() -> None:
         "raw": {"titan": {"new": True}},
         "errors": [],
     }
-    merged = merge(committed, part, "titan")
+    merged = merge(committed, part)
     assert [r["key"] for r in merged["rows"]] == ["a", "t.1", "t.3", "z"]
     assert merged["raw"] == {"a": 1, "titan": {"new": True}}
     assert merged["machine"]["command"] == "python -m bench"
     assert [r["date"] for r in merged["machine"]["merged"]] == [run["date"]]
-    again = merge(merged, part, "titan")  # the same section again replaces its note
+    again = merge(merged, part)  # the same section again replaces its note
     assert len(again["machine"]["merged"]) == 1
-    new = merge(committed, {**part, "rows": [row("n", "N")]}, "new")
+    new = merge(committed, {**part, "rows": [row("n", "N")]})
     assert [r["key"] for r in new["rows"]] == ["a", "t.1", "t.2", "z", "n"]

@@ -1,0 +1,202 @@
+"""What the real-gloo rows measure (one worker per kind of job, run on every rank), and
+``fmesh plan`` as a user runs it.
+
+A job is one fresh process per rank on a store the bench hosts (:mod:`bench.launch`);
+each rank returns its own figures and the runner combines them (the slowest rank's
+time, the mean of its requests, ...).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from . import torch_ref
+from .counting import CountingStore, agree_call, beats, delta, per_call, watch_call
+from .shared import NAMES, Json
+from .workloads import RECIPES, hit_times, hit_work, init_device_mesh_of, three_axes
+
+# world_1d first: later, a flatten of the 5-d mesh may cover the world in rank order
+# (then fmesh's memo already holds that axis).
+PHASES = {
+    "fmesh": ("world_1d", "new", "memo"),
+    "torch": ("world_1d", "new"),
+}
+RECIPE = {"world_1d": "world_1d", "new": "trainer5", "memo": "trainer5"}
+
+
+def realize(spec: Json) -> Json:
+    """One rank: every phase of ``spec["impl"]``, each between barriers (gloo
+    collectives: no store traffic), then memo hits. Per phase: the rank's wall time,
+    groups, calls; rank 0 reads the rendezvous store's key count before and after, and
+    fmesh's agreement keys left. In a counting job (``spec["count"]``) every request
+    of the rank's store client is counted (by :class:`bench.counting.CountingStore`,
+    Python on every request: the times come from the other jobs)."""
+    import torch.distributed as dist
+
+    import fmesh
+    from fmesh._runtime.agreement import count_keys
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = datetime.timedelta(seconds=spec["timeout_s"])
+    raw = torch_ref.connect_store(spec["port"], world, timeout)
+    store = CountingStore(raw)
+    dist.init_process_group(
+        "gloo",
+        store=store if spec["count"] else raw,
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
+    )
+    torch_ref.preload_lazy_imports()
+    impl, shape = spec["impl"], spec["shape"]
+    out: Json = {"rank": rank, "counted": spec["count"]}
+    keep: list[object] = []
+
+    def phase(run: Callable[[], Json]) -> Json:
+        dist.barrier()
+        keys0 = raw.num_keys() if rank == 0 else 0
+        groups0, created0 = torch_ref.group_counters()[0], fmesh.cache_stats().created
+        counts, keys = store.snapshot(), store.key_snapshot()
+        dist.barrier()
+        start = time.perf_counter()
+        result = run()
+        result.setdefault("seconds", time.perf_counter() - start)
+        result["groups"] = torch_ref.group_counters()[0] - groups0
+        result["created"] = fmesh.cache_stats().created - created0
+        if spec["count"]:
+            added = delta(store.key_snapshot(), keys)
+            calls, watched = per_call(added, agree_call), per_call(added, watch_call)
+            result["requests"] = sum(delta(store.snapshot(), counts).values())
+            result["agree"], result["agreements"] = sum(calls.values()), len(calls)
+            result["agree_max"] = max(calls.values(), default=0)
+            result["watch"] = sum(watched.values()) + beats(added)
+            result["watches"] = len(watched)
+        dist.barrier()
+        result["keys"] = raw.num_keys() - keys0 if rank == 0 else 0
+        result["agree_left"] = count_keys(raw) if rank == 0 else 0
+        return result
+
+    def recipe(name: str) -> Json:
+        result = RECIPES[RECIPE[name]][impl](shape)
+        keep.append(result)
+        return {"calls": len(result) if isinstance(result, list) else 1}
+
+    for name in PHASES[impl]:
+        out[name] = phase(functools.partial(recipe, name))
+    dist.barrier()
+    rounds = spec["rounds"]
+    work = hit_work(impl, three_axes(shape), rounds)
+    out["hit"] = phase(lambda: hit_times(work, rounds, spec["budget_s"]))
+    dist.barrier()
+    return out
+
+
+def dropin(spec: Json) -> Json:
+    """One rank: ``init_device_mesh`` of the 5-d mesh, the first call, then ``repeats``
+    more for fmesh (memo hits), a tenth as many for torch; the median of those."""
+    import torch.distributed as dist
+
+    import fmesh.device_mesh  # noqa: F401 - imported before timing, as torch's module
+
+    torch_ref.init_gloo_worker(spec)
+    init = init_device_mesh_of(spec["impl"])
+    shape = tuple(spec["shape"])
+    dist.barrier()
+    start = time.perf_counter()
+    keep = init("cpu", shape, mesh_dim_names=NAMES)
+    first = time.perf_counter() - start
+    dist.barrier()
+    times = []
+    for _ in range(spec["repeats"] // (1 if spec["impl"] == "fmesh" else 10)):
+        start = time.perf_counter()
+        init("cpu", shape, mesh_dim_names=NAMES)
+        times.append(time.perf_counter() - start)
+    dist.barrier()
+    del keep
+    return {"rank": dist.get_rank(), "first": first, "repeat": statistics.median(times)}
+
+
+VICTIM, KILL_STEP, STEPS = 5, 2, 4
+COLLECTIVE_S, RECOVER_S = 3.0, 6.0
+
+
+def elastic(spec: Json) -> Json:
+    """One of 8 ranks training on ``dp x fsdp x tp`` = 2x2x2; rank 5 SIGKILLs itself at
+    step 2. A survivor catches the failed collective, calls ``fmesh.recover``, shrinks
+    the mesh along ``dp``, realizes it and retries the step. Its cost: from the failed
+    collective to the end of its first good step after it, less the time ``recover``
+    waited for the dead rank to check in."""
+    import torch
+    import torch.distributed as dist
+
+    import fmesh
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = datetime.timedelta(seconds=COLLECTIVE_S)
+    store = torch_ref.connect_store(spec["port"], world, datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    mesh = fmesh.make_mesh({"dp": 2, "fsdp": 2, "tp": 2})
+    # First without the short timeout: a process's first creating call on 8 ranks
+    # sharing 2 CPUs can take longer than the 3 s the run measures with.
+    fmesh.realize(mesh)
+    realized = fmesh.realize(mesh, timeout=timeout)
+    step, failed_at, in_recover = 0, None, 0.0
+    while step < STEPS and fmesh.coordinate(mesh, rank) is not None:
+        if rank == VICTIM and step == KILL_STEP:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            x = torch.ones(1)
+            for axis in reversed(mesh.axis_names):
+                dist.all_reduce(x, group=realized.group(axis))
+            step += 1
+            if failed_at is not None:
+                return {"rank": rank, "cost": time.monotonic() - failed_at - in_recover}
+        except RuntimeError:
+            failed_at = failed_at or time.monotonic()
+            began = time.monotonic()
+            lost = fmesh.recover(timeout=datetime.timedelta(seconds=RECOVER_S))
+            in_recover += time.monotonic() - began
+            held = {r for r in lost if fmesh.coordinate(mesh, r) is not None}
+            mesh = fmesh.shrink(mesh, held, axis="dp")
+            realized = fmesh.realize(mesh, timeout=timeout)
+    return {"rank": rank, "cost": None}
+
+
+# -- fmesh plan ---------------------------------------------------------------------------
+
+PLAN_TARGET = "examples/parallel_dims.py:torchtitan"
+PLAN_RANKS = 16
+
+
+def plan(spec: Json) -> Json:
+    """``fmesh plan --world W --rank sample:16`` of torchtitan's recipe as a subprocess
+    (importing torch included): its wall time and the largest peak RSS it measured."""
+    argv = ["plan", "--world", str(spec["world"]), "--rank", f"sample:{PLAN_RANKS}", "--json"]
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "fmesh", *argv, PLAN_TARGET],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"fmesh plan failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    report = json.loads(proc.stdout)
+    ranks = report["ranks"]
+    if report["ok"] is not True or len(ranks) != PLAN_RANKS:
+        raise RuntimeError(f"fmesh plan: {report['divergence']}, {len(ranks)} ranks")
+    peak = max(int(r["peak_memory"] or 0) for r in ranks)
+    return {"fmesh": {"seconds": seconds, "peak_rss": peak}}

@@ -1,0 +1,179 @@
+"""One simulated rank of the store-load rows (:mod:`bench.store_load`): its creating
+call, fmesh's (the adapter below) or torch's (its rendezvous requests, its barrier).
+
+Each rank is in one group of ``group`` ranks (the ``tp`` groups of an ``N/group x
+group`` mesh). fmesh's call runs fmesh's real agreement and peer watch, with the
+group's creation replaced by the store requests its backend's rendezvous sends and then
+a wait of ``hold_s`` in the store fmesh gives the creation; torch's sends the same
+rendezvous requests on the rank's own client, then sleeps (its creation waits in one
+blocked request).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import time
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import torch_ref
+from .counting import CountingStore
+from .shared import Json
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
+
+TIMEOUT = datetime.timedelta(seconds=300)
+CODE = 0x5EED
+"""The call code every simulated rank agrees on."""
+
+
+# == The adapter: fmesh's side of a creating call ==========================================
+# The only code here that knows how fmesh agrees and watches peers during a creating
+# call: it runs the steps of realize's ``_realize_new`` (fmesh/_runtime/realize.py) and
+# of ``groups.create``'s error path, with ``create`` in place of the group's creation.
+# When the watch changes (fmesh/_runtime/liveness.py), re-point these two functions at
+# it and widen SIZES; processes, counting, the server's CPU, torch's side and the rows
+# (bench/store_load.py, bench/cases.py) stay as they are.
+
+
+def setup_process(ranks: list[int]) -> None:
+    """Once per crowd process, before any call: what its simulated ranks need to be
+    watched (nothing today: a rank beats from its watch thread)."""
+
+
+def fmesh_call(
+    store: Store,
+    rank: int,
+    world: int,
+    members: list[int],
+    prefix: str,
+    backend: str,
+    create: Callable[[Store], None],
+    timeout: datetime.timedelta | None,
+) -> None:
+    """One creating call of ``rank`` as realize makes it: agree, start the watch, create
+    (waiting for ``members``) in the store fmesh gives a creation on ``backend``, the
+    closing barrier, and cleanup. Raises the call's error (``PeerLostError`` when a
+    member died)."""
+    from fmesh._core.errors import PeerLostError
+    from fmesh._runtime import agreement, liveness
+
+    ticket = agreement.agree(
+        store,
+        rank=rank,
+        ranks=range(world),
+        code=CODE,
+        record=lambda: agreement.Record(rank, CODE, "the store-load benchmark", ""),
+        timeout=TIMEOUT,
+        prefix=f"{agreement.KEY_ROOT}{prefix}",
+        where="a store-load call",
+    )
+    watch = liveness.start(ticket, timeout)
+    try:
+        with liveness.active(watch):
+            with liveness.waiting_for(watch, members):
+                try:
+                    create(liveness.store_for_creation(store, backend))
+                except Exception as err:
+                    found = None if watch is None else watch.error("creating a group", err)
+                    if found is None:
+                        raise
+                    raise found from err
+            if watch is not None:
+                watch.finish(2 * TIMEOUT)
+    except BaseException as err:
+        if watch is not None and not isinstance(err, PeerLostError):
+            watch.fail(err)
+        raise
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+SIZES = {"full": (1024, 2048), "quick": (256, 1024), "smoke": (16,)}
+"""Simulated ranks per mode. Today's watch reads every group member's beat each second
+(about 7 requests per rank per second here): past 2048 ranks, the crowds on 2 CPUs
+cannot send that in real time. A watch with O(1) store requests per rank allows
+``(1024, 2048, 4096)``."""
+
+# == end of the adapter ====================================================================
+
+
+def rendezvous(store: Any, backend: str, prefix: str, members: list[int], rank: int) -> None:
+    """The store requests a group's creation sends on ``rank`` (see the module doc)."""
+    me = members.index(rank)
+    if backend == "nccl":
+        if me == 0:
+            store.set(prefix + "0", b"u" * 128)
+        else:
+            store.get(prefix + "0")
+        return
+    store.set(prefix + str(me), b"a" * 64)
+    for i in range(len(members)):
+        store.wait([prefix + str(i)])
+        store.get(prefix + str(i))
+
+
+class OwnClient(CountingStore):
+    """One simulated rank's client: never cloned (a clone would connect anew)."""
+
+    def clone(self) -> CountingStore:
+        return self
+
+
+def run_rank(
+    out: dict[int, Json],
+    r: int,
+    clients: tuple[OwnClient, ...],
+    request: tuple[str, str, int],
+    spec: Json,
+) -> None:
+    """Simulated rank ``r``'s part of a phase (on its fmesh or its torch connection):
+    its calls, or the error that ended them."""
+    phase, tag, calls = request
+    client = clients[phase.startswith(("torch", "barrier"))]
+    start = time.monotonic()
+    try:
+        for call in range(calls):
+            one_call(phase, client, r, f"{tag}/{call}", spec)
+        out[r] = {"seconds": time.monotonic() - start}
+    except Exception as err:
+        out[r] = {"error": type(err).__name__, "at": time.monotonic()}
+        out[r]["lost"] = list(getattr(err, "lost", ()))
+        if phase != "find":
+            out[r]["trace"] = traceback.format_exc()
+
+
+def one_call(phase: str, client: OwnClient, r: int, tag: str, spec: Json) -> None:
+    """One creating call of simulated rank ``r`` in ``phase`` (see the module doc)."""
+    world, group = spec["world"], spec["group"]
+    first = r - r % group
+    members = list(range(first, min(first + group, world)))
+    prefix = f"bench/{tag}/g{first}/cpu/0/"
+    if phase == "barrier":
+        for b in range(spec["barriers"]):
+            torch_ref.store_based_barrier(r, client, f"bench/{tag}/{b}", world, TIMEOUT)
+        return
+    impl, _, backend = phase.partition("-")
+    hold = spec["hold_s"] if impl != "find" else TIMEOUT.total_seconds() / 2
+    if impl == "torch":
+        rendezvous(client, backend, prefix, members, r)
+        time.sleep(hold)
+        return
+
+    def create(store: Store) -> None:
+        import torch.distributed as dist
+
+        rendezvous(store, backend, prefix, members, r)
+        if impl == "find":
+            client.inner.add(f"bench/{tag}/in", 1)  # uncounted: the bench's own
+        with contextlib.suppress(dist.DistStoreError):  # the end of the hold
+            store.wait([prefix + "never"], datetime.timedelta(seconds=hold))
+
+    timeout = (
+        None if spec["timeout_s"] is None else datetime.timedelta(seconds=spec["timeout_s"])
+    )
+    fmesh_call(client, r, world, members, tag + "/", backend or "gloo", create, timeout)
