@@ -30,7 +30,7 @@ import statistics
 import time
 
 from . import hits, torch_ref
-from .counting import CountingStore, agree_call, beats, delta, per_call, watch_call
+from .counting import CountingStore, agree_call, delta, per_call, sentinels, watch_call
 from .launch import run_gloo_job
 from .recipes import TRAINER5, WORLD_1D
 from .shared import Bench, Json, Row, shape_str
@@ -58,7 +58,7 @@ def _requests(store: CountingStore, before: tuple[dict[str, int], dict[str, int]
         "agree": sum(calls.values()),
         "agreements": len(calls),
         "agree_max": max(calls.values(), default=0),
-        "watch": sum(watched.values()) + beats(added),
+        "watch": sum(watched.values()) + sentinels(added),
         "watches": len(watched),
     }
 
@@ -196,8 +196,9 @@ ROWS = (
         "new",
         "agree",
         "realize + 3 flattens: agreement store requests per rank per creating call",
-        "fmesh's cross-rank check before creating groups (keys under fmesh/a/), mean over "
-        "ranks and creating calls; torch's recipe checks nothing",
+        "fmesh's cross-rank check before creating groups (keys under fmesh/a/ but "
+        "the watch's: the agreement, and the closing barrier's count on its counter), "
+        "mean over ranks and creating calls; torch's recipe checks nothing",
         how="per:agreements",
         unit="count",
         torch_metric="",
@@ -209,9 +210,12 @@ ROWS = (
         "new",
         "watch",
         "realize + 3 flattens: peer-watch store requests per rank per creating call",
-        "fmesh's heartbeat while a call creates groups (fmesh/hb/<rank>, fmesh/a/.../w/): "
-        "beats (the first after 1 s), their reads and the closing barrier, mean over "
-        "ranks and watched calls; torch watches nothing",
+        "fmesh's liveness watch while a call creates groups (fmesh/a/.../w/, and each "
+        "rank's sentinel address fmesh/s/<rank>, written before its first agreement, "
+        "read by its watcher after 1 s, once per process): the closing barrier's wait "
+        "and wake, reads of the outcome once a wait passes 1 s, the cleanup; mean over "
+        "ranks and watched calls (the closing barrier's count is on the agreement's "
+        "counter, in the agreement row); torch watches nothing",
         how="per:watches",
         unit="count",
         torch_metric="",

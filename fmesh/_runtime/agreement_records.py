@@ -105,6 +105,9 @@ class Ticket:
     """``realize call #k`` (``... of stream 'S'``), for messages."""
     record: Callable[[], Record]
     """This rank's record, computed only when a message needs it."""
+    closing: bool = False
+    """A closing barrier follows (``watch.py``): it goes on counting on ``P+"done"``,
+    which the agreement then leaves in place."""
 
     @property
     def summary(self) -> str:
@@ -126,7 +129,7 @@ def read_done(conn: Store, ticket: Ticket) -> Ticket:
     """Count this rank as having read the outcome; raise if the call was aborted."""
     r = conn.add(ticket.prefix + "done", 1)
     if r < ABORT:
-        if r == len(ticket.ranks):
+        if r == len(ticket.ranks) and not ticket.closing:
             conn.delete_key(ticket.prefix + "done")
         return ticket
     raise _aborted(conn, ticket)

@@ -182,8 +182,12 @@ def _realize_new(args: Arguments) -> RealizedMesh:
 
         where = f"realize call #{call.turn.number}{stream_words(args.stream_name)}"
         turn, summary = call.turn, call.summary
+        store = default_store()
+        watched = len(call.ranks) > 1 and liveness.enabled()
+        if watched:  # this rank's sentinel runs, its address published
+            liveness.prepare(store, me)
         ticket = _agree.agree(
-            default_store(),
+            store,
             rank=me,
             ranks=call.ranks,
             code=turn.code,
@@ -194,7 +198,9 @@ def _realize_new(args: Arguments) -> RealizedMesh:
                 f"{stream_key(args.stream_name)}/{call.turn.number}/"
             ),
             where=where,
+            closing=watched,
         )
+        liveness.after_agreement(ticket)
 
     groups: dict[str, ProcessGroup] = {}
     made_now: list[ProcessGroup] = []
@@ -202,8 +208,7 @@ def _realize_new(args: Arguments) -> RealizedMesh:
     try:
         with liveness.active(watch):
             for request in call.requests:
-                with liveness.waiting_for(watch, request.members):
-                    pg, made = _axis_group(request, world, timeout, ticket)
+                pg, made = _axis_group(request, world, timeout, ticket)
                 if made and pg is not None:
                     made_now.append(pg)
                 if pg is not None:
