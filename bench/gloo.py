@@ -251,8 +251,9 @@ ROWS = (
         "*",
         "agree_left",
         "agreement keys left in the store after a phase, most of any phase",
-        "read by rank 0 after each phase (every rank's keys): a call's last reader "
-        "removes them",
+        "read by rank 0 after each phase (every rank's keys): a call that ended well "
+        "leaves its counter and its closing barrier's key, which its stream's next "
+        "creating call deletes",
         how="rank0",
         unit="count",
         torch_metric="",

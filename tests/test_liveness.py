@@ -206,12 +206,12 @@ def test_a_sentinel_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
         f"sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
         "from fmesh._runtime import sentinel\n"
         "s = sentinel.Sentinel('127.0.0.1')\n"
-        "print(s.proc.pid, flush=True)\n"
+        "print(s.proc.pid, s.address.port, flush=True)\n"
         "time.sleep(60)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert parent.stdout is not None
-    pid = int(parent.stdout.readline())
+    pid = int(parent.stdout.readline().split()[0])
     os.kill(pid, 0)  # running
     parent.kill()
     parent.wait()

@@ -46,6 +46,7 @@ __all__ = [
     "prepare",
     "start",
     "store_for_creation",
+    "warm",
 ]
 
 logger = logging.getLogger("fmesh")
@@ -72,14 +73,42 @@ def enabled() -> bool:
     )
 
 
+def warm() -> None:
+    """Start this process's sentinel while a creating call is laid out (it listens
+    by the time ``prepare`` needs its port), if the call may have peers."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if dist.get_world_size() <= 1 or dist.get_backend() == "fake" or not enabled():
+            return
+        from .._compat import default_store
+
+        _sentinel.mine(_store_host(default_store()))
+    elif int(os.environ.get("WORLD_SIZE", "1")) > 1 and enabled():
+        _sentinel.mine(os.environ.get("MASTER_ADDR"))
+
+
 def prepare(store: Store, rank: int) -> None:
     """Before the agreement of a call that will be watched: this process's sentinel
     runs, and its address is in ``store`` (one request, the first time per sentinel),
     so every watcher finds it once the agreement ends."""
-    s = _sentinel.mine()
+    s = _sentinel.mine(_store_host(store))
     if s.published is not store:
         _agree.thread_store(store).set(_sentinel.KEY + str(rank), s.address.text())
         s.published = store
+
+
+def _store_host(store: object) -> str | None:
+    """The host of the TCPStore under ``store`` (through its prefix stores), else
+    ``MASTER_ADDR``."""
+    for _ in range(8):
+        host = getattr(store, "host", None)
+        if isinstance(host, str) and host:
+            return host
+        store = getattr(store, "underlying_store", None)
+        if store is None:
+            break
+    return os.environ.get("MASTER_ADDR")
 
 
 def after_agreement(ticket: Ticket) -> None:

@@ -170,6 +170,7 @@ def _realize_new(args: Arguments) -> RealizedMesh:
     groups, create them."""
     mesh, timeout = args.mesh, args.timeout
     start = time.perf_counter()
+    liveness.warm()  # the sentinel starts while the call is laid out
     call = expand(args)
     if call.agrees:  # fmesh plan compares these across ranks, fake worlds included
         run_creating_call_hooks(

@@ -126,14 +126,14 @@ class Address:
         return cls(host, int(port), token)
 
 
-def local_host() -> str:
+def local_host(target: str | None) -> str:
     """The address of this host that peers can reach: the local end of the route to
-    ``MASTER_ADDR`` (a UDP socket's connect sends nothing), 127.0.0.1 without one."""
-    master = os.environ.get("MASTER_ADDR")
-    if not master:
+    ``target`` (the store's host; a UDP socket's connect sends nothing), 127.0.0.1
+    without one."""
+    if not target:
         return "127.0.0.1"
     try:
-        info = socket.getaddrinfo(master, 1, type=socket.SOCK_DGRAM)[0]
+        info = socket.getaddrinfo(target, 1, type=socket.SOCK_DGRAM)[0]
         with socket.socket(info[0], socket.SOCK_DGRAM) as probe:
             probe.connect(info[4])
             return str(probe.getsockname()[0])
@@ -169,24 +169,37 @@ class Sentinel:
         out: IO[bytes] | None = self.proc.stdout
         assert out is not None
         self.stdout: IO[bytes] = out
-        line = _read_line(out, 30.0)
-        if not line.strip().isdigit():
-            self.proc.kill()
-            raise RuntimeError(
-                f"fmesh: the liveness sentinel (pid {self.proc.pid}) did not start: it "
-                f"printed {line!r}; set FMESH_PEER_WATCH=0 to run without it"
-            )
-        self.address = Address(host, int(line), token)
-        self.startup_s = time.perf_counter() - started
+        self._host, self._token, self._started = host, token, started
+        self._address: Address | None = None
+        self._lock = threading.Lock()
+        self.startup_s = 0.0
+        """Seconds from its start to its port (measured once it is read)."""
         self.published: object | None = None
         """The store this sentinel's address was published in (once per store)."""
-        logger.debug(
-            "fmesh: sentinel pid %d listens on %s:%d (started in %.1f ms)",
-            self.proc.pid,
-            host,
-            self.address.port,
-            self.startup_s * 1e3,
-        )
+
+    @property
+    def address(self) -> Address:
+        """Where it listens (waits for its port the first time)."""
+        with self._lock:
+            if self._address is None:
+                line = _read_line(self.stdout, 30.0)
+                if not line.strip().isdigit():
+                    self.proc.kill()
+                    raise RuntimeError(
+                        f"fmesh: the liveness sentinel (pid {self.proc.pid}) did not "
+                        f"start: it printed {line!r}; set FMESH_PEER_WATCH=0 to run "
+                        "without it"
+                    )
+                self._address = Address(self._host, int(line), self._token)
+                self.startup_s = time.perf_counter() - self._started
+                logger.debug(
+                    "fmesh: sentinel pid %d listens on %s:%d (started in %.1f ms)",
+                    self.proc.pid,
+                    self._host,
+                    self._address.port,
+                    self.startup_s * 1e3,
+                )
+            return self._address
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -214,14 +227,15 @@ _lock = threading.Lock()
 _current: list[Sentinel] = []
 
 
-def mine() -> Sentinel:
-    """This process's sentinel: started on first use, and again if it died (or if
-    this process is a fork of the one that started it)."""
+def mine(target: str | None = None) -> Sentinel:
+    """This process's sentinel: started on first use (listening on the address that
+    reaches ``target``, the store's host), and again if it died (or if this process
+    is a fork of the one that started it). Does not wait for it to listen."""
     with _lock:
         s = _current[0] if _current else None
         if s is not None and s.owner == os.getpid() and s.alive():
             return s
-        s = Sentinel(local_host())
+        s = Sentinel(local_host(target))
         _current[:] = [s]
         return s
 
