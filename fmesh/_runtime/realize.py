@@ -89,8 +89,11 @@ def realize(
             since the last agreement; a rank never arrived within the timeout.
         PeerLostError: a rank died after every rank agreed on the call, before its
             groups were all made; every surviving rank raises it within seconds
-            (about half of ``timeout``, at least 4 s, when that is shorter than
-            16 s), keeping no group of the call. Call ``fmesh.recover`` to carry on without it.
+            (about 5 s at default settings, 30 s at most), keeping no group of the
+            call. Call ``fmesh.recover`` to carry on without it. A rank the others gave
+            up on while it lived (its liveness sentinel was killed) raises it too,
+            naming itself. A rank that is only slow (stopped, a thread holding the
+            GIL) is waited for, as torch does.
         LaunchError: no process group and no usable torchrun environment.
         MeshError: the mesh needs ranks the world does not have; an unknown backend;
             a non-positive timeout.
