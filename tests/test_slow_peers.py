@@ -182,3 +182,30 @@ def test_a_rank_blocked_in_an_uncancellable_construction_raises_with_the_others(
         assert o.value["error"] == "PeerLostError" and o.value["lost"] == (1,), o.value
         assert o.value["elapsed"] < 30.0, o.value
     assert job.outcomes[3].value["abandoned"] == 1, job.outcomes[3].value
+
+
+def off_job(rank: int, world: int) -> dict[str, Any]:
+    """``FMESH_PEER_WATCH=0``: creating calls run no watch and start no sentinel."""
+    import torch.distributed as dist
+
+    from fmesh._runtime import sentinel
+    from fmesh._runtime.agreement import count_keys
+
+    os.environ["FMESH_PEER_WATCH"] = "0"
+    fmesh.realize(fmesh.make_mesh({"dp": 2, "tp": 2}))
+    fmesh.realize(fmesh.make_mesh({"x": 2, "y": 2}, ranks=(3, 2, 1, 0)))
+    dist.barrier()
+    from fmesh._compat import default_store
+
+    return {
+        "watches": liveness.started,
+        "sentinel": sentinel.started() is not None,
+        "left": count_keys(default_store()) if rank == 0 else 0,
+    }
+
+
+def test_the_watch_off_starts_no_sentinel_and_leaves_no_key(tmp_path: Path) -> None:
+    outs = _values(run_spawn(off_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT))
+    assert outs
+    for out in outs:
+        assert out == {"watches": 0, "sentinel": False, "left": 0}, outs

@@ -89,7 +89,7 @@ def realize(
             since the last agreement; a rank never arrived within the timeout.
         PeerLostError: a rank died after every rank agreed on the call, before its
             groups were all made; every surviving rank raises it within seconds
-            (about 5 s at default settings, 30 s at most), keeping no group of the
+            (5 to 10 s at default settings, 30 s at most), keeping no group of the
             call. Call ``fmesh.recover`` to carry on without it. A rank the others gave
             up on while it lived (its liveness sentinel was killed) raises it too,
             naming itself. A rank that is only slow (stopped, a thread holding the

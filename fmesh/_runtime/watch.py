@@ -166,8 +166,7 @@ class Watch:
                     self._declare(found, why)
                     return
                 self._listen(link, own)
-                if self._given_up:
-                    self._declare([t.rank], self._given_up)
+                if self._given_up:  # its own watcher sees its sentinel's end too
                     return
         except Exception as err:  # the store is gone: the caller's own wait says so
             logger.debug("fmesh: watch of rank %d stopped: %s", t.rank, err)
