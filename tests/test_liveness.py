@@ -282,3 +282,24 @@ def test_torchs_store_wakes_a_keys_waiters_on_a_compare_set_of_it() -> None:
     waiter.wait(["missing"], datetime.timedelta(seconds=10))
     assert time.monotonic() - start < 5.0
     assert not waiter.check(["missing"])
+
+
+def test_a_rank_the_verdict_names_learns_it_was_given_up_on(live: sentinel.Sentinel) -> None:
+    # Its sentinel lives (the network cut it from its watcher): the verdict names it.
+    store = memory_store()
+    _publish(store, range(2), live.address)
+    ticket = _ticket(store, 0, 2)
+    store.set(ticket.prefix + "w/lost", "0,")
+    store.set(ticket.prefix + "w/by", "1\x1fits sentinel sent nothing for 10s")
+    store.set(ticket.prefix + "w/end", "lost")
+    w = watch.Watch(ticket, datetime.timedelta(seconds=2))
+    try:
+        with pytest.raises(dist.DistNetworkError):
+            w.store.wait(["never"], datetime.timedelta(seconds=5))
+        err = w.error("creating a group", "")
+    finally:
+        w._stop.set()
+        w._thread.join()
+    assert isinstance(err, PeerLostError) and err.lost == (0,), err
+    assert "rank 0 was given up on during realize call #1" in str(err), err
+    assert "found by rank 1: its sentinel sent nothing for 10s" in str(err), err
