@@ -21,6 +21,7 @@ it never keeps its rank in gloo's connect (``creating``). Memo hits run no watch
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime
 import logging
 import os
@@ -170,10 +171,11 @@ def creating(backend: str, make: Callable[[], T]) -> T:
         return make()
     box: list[tuple[bool, object]] = []
     lock, done, late = threading.Lock(), threading.Event(), [False]
+    context = contextvars.copy_context()  # the caller's (group descriptions, stream)
 
     def work() -> None:
         try:
-            box.append((True, make()))
+            box.append((True, context.run(make)))
         except BaseException as err:  # handed to the caller, or dropped if late
             box.append((False, err))
         with lock:

@@ -270,7 +270,10 @@ class Watch:
         where = f"{t.where} ({t.summary})"
         if self._given_up:
             return _given_up(t.rank, where, self._given_up, doing)
-        verdict = self.verdict(GRACE + self.silence + 2 * self.interval)
+        # Given up: the verdict follows within GRACE. Else torch's own error may have
+        # come first: a silent peer is declared after SILENCE.
+        patience = 0.0 if self._broken else self.silence
+        verdict = self.verdict(patience + GRACE + 2 * self.interval)
         if verdict is None or verdict == "ok":
             return None
         if verdict.startswith("fail:"):
