@@ -109,9 +109,10 @@ INTEROP = (
 DM5 = "init_device_mesh of the 5-d mesh"
 PLAN = f"fmesh plan of torchtitan's recipe, {jobs.PLAN_RANKS} ranks"
 WATCH = (
-    "fmesh's heartbeat while a call creates groups (fmesh/hb/<rank>, fmesh/a/.../w/): "
-    "beats (the first after 1 s), their reads and the closing barrier, mean over ranks "
-    "and watched calls; torch watches nothing"
+    "fmesh's liveness watch while a call creates groups (fmesh/a/.../w/, and each rank's "
+    "sentinel address fmesh/s/<rank>, written once per process): the closing barrier's "
+    "wait and wake, reads of the outcome once a wait passes one interval, the cleanup; "
+    "mean over ranks and watched calls; torch watches nothing"
 )
 
 # -- store load (bench/store_load.py) ----------------------------------------------------

@@ -17,18 +17,18 @@ from typing import Any
 
 from torch._C._distributed_c10d import Store
 
-from fmesh._runtime import liveness
+from fmesh._runtime import sentinel
 
 __all__ = [
     "AGREE",
-    "BEATS",
+    "SENTINELS",
     "WATCH",
     "CountingStore",
     "agree_call",
-    "beats",
     "delta",
     "kind",
     "per_call",
+    "sentinels",
     "watch_call",
 ]
 
@@ -39,14 +39,17 @@ AGREE = "fmesh/a/"
 WATCH = "/w/"
 """What every key of a creating call's peer watch adds to its call's prefix."""
 
-BEATS = liveness.BEATS
-"""What every rank's beat key contains (one per rank, shared by its calls)."""
+SENTINELS = sentinel.KEY
+"""What every rank's sentinel-address key contains (one per rank, written once per
+process and read once per watcher)."""
 
 
 def kind(key: str) -> str:
-    """``"watch"`` for the peer watch's keys (beats included), ``"agree"`` for the rest
-    of fmesh's agreement keys, ``"other"`` for the rest."""
-    if BEATS in key:
+    """``"watch"`` for the peer watch's keys (sentinel addresses included),
+    ``"agree"`` for the rest of fmesh's agreement keys (the call's counter
+    ``P+"done"``, which the closing barrier goes on counting on, included), ``"other"``
+    for the rest."""
+    if SENTINELS in key:
         return "watch"
     if AGREE not in key:
         return "other"
@@ -78,13 +81,13 @@ def agree_call(key: str) -> str | None:
 
 def watch_call(key: str) -> str | None:
     """The call of a watch key (the agreement prefix before ``/w/``), else ``None``
-    (beats too: they belong to no one call)."""
+    (sentinel addresses too: they belong to no one call)."""
     return key.partition(WATCH)[0] if kind(key) == "watch" and WATCH in key else None
 
 
-def beats(keys: Mapping[str, int]) -> int:
-    """Requests on the beat keys among ``keys`` (per-key counts)."""
-    return sum(n for key, n in keys.items() if BEATS in key)
+def sentinels(keys: Mapping[str, int]) -> int:
+    """Requests on the sentinel-address keys among ``keys`` (per-key counts)."""
+    return sum(n for key, n in keys.items() if SENTINELS in key)
 
 
 class CountingStore(Store):

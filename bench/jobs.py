@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import torch_ref
-from .counting import CountingStore, agree_call, beats, delta, per_call, watch_call
+from .counting import CountingStore, agree_call, delta, per_call, sentinels, watch_call
 from .shared import NAMES, Json
 from .workloads import RECIPES, hit_times, hit_work, init_device_mesh_of, three_axes
 
@@ -79,7 +79,7 @@ def realize(spec: Json) -> Json:
             result["requests"] = sum(delta(store.snapshot(), counts).values())
             result["agree"], result["agreements"] = sum(calls.values()), len(calls)
             result["agree_max"] = max(calls.values(), default=0)
-            result["watch"] = sum(watched.values()) + beats(added)
+            result["watch"] = sum(watched.values()) + sentinels(added)
             result["watches"] = len(watched)
         dist.barrier()
         result["keys"] = raw.num_keys() - keys0 if rank == 0 else 0

@@ -188,9 +188,10 @@ def test_gloo_memo_hits_send_no_store_request(smoke: dict[str, Any]) -> None:
 
 
 def test_gloo_creating_calls_agree_in_a_handful_of_requests(smoke: dict[str, Any]) -> None:
-    # 3 requests per rank and call, 4 for the last reader; never more than 5. Every
-    # phase ends with no agreement key left: a successful call's last reader removes
-    # them.
+    # 3 requests per rank and call, and 1 for the closing barrier's count on the
+    # agreement's counter; never more than 5. A call that ended well leaves its counter
+    # and its closing barrier's key to its stream's next creating call: every phase
+    # ends with at most those two.
     for rank in _gloo_ranks(smoke, "fmesh", counted=True):
         new = rank["new"]
         assert new["agreements"] >= 1, new  # the 5-d mesh creates groups
@@ -199,16 +200,16 @@ def test_gloo_creating_calls_agree_in_a_handful_of_requests(smoke: dict[str, Any
     for counted in (True, False):
         for rank in _gloo_ranks(smoke, "fmesh", counted):
             for phase in ("world_1d", "new", "memo", "hit"):
-                assert rank[phase]["agree_left"] == 0, (phase, rank)
+                assert rank[phase]["agree_left"] <= 2, (phase, rank)
     for rank in _gloo_ranks(smoke, "torch", counted=True):
         assert rank["new"]["agree"] == 0  # torch never touches fmesh's keys
     rows = {r["key"]: r for r in smoke["rows"]}
     assert 3 <= rows["gloo.trainer5.agree"]["fmesh"] <= 5
-    # The peer watch of a creating call: a beat and its reads per interval (1 s, the
-    # first after one: a short call makes none), the closing barrier (3 requests) and
-    # the cleanup (1, and 5 deletes on the last rank).
-    assert 4 <= rows["gloo.trainer5.watch"]["fmesh"] <= 40
-    assert rows["gloo.agree.keys_left"]["fmesh"] == 0
+    # The liveness watch of a creating call: the closing barrier's wait (its wake on the
+    # last rank), the sentinel's address once per process, two reads per interval of a
+    # wait longer than one (1 s), the previous call's two keys deleted by one rank.
+    assert 1 <= rows["gloo.trainer5.watch"]["fmesh"] <= 10
+    assert rows["gloo.agree.keys_left"]["fmesh"] == 2
     # Creating groups on real gloo leaves rendezvous keys (torch makes 8 groups).
     assert rows["gloo.trainer5.keys"]["torch"] > 0
 

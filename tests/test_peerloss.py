@@ -24,7 +24,7 @@ from _dist import Job, run_spawn
 
 import fmesh
 from fmesh._runtime import agreement as _agree
-from fmesh._runtime import liveness
+from fmesh._runtime import liveness, watch
 
 if TYPE_CHECKING:
     from fmesh._compat import Store
@@ -104,18 +104,13 @@ def loss_job(
     deaths: dict[int, int],
     timeout_s: float | None,
     naps: dict[int, tuple[int, float]],
-    patience: float | None,
 ) -> dict[str, Any]:
     """Warm up (a creating call, so pooled connections exist), inject the fault, make
-    the call; on a survivor's error: check what is left, recover, carry on.
-    ``patience`` shortens the default detection time (the drop-in has no timeout)."""
+    the call; on a survivor's error: check what is left, recover, carry on."""
     import torch
     import torch.distributed as dist
 
     from fmesh._runtime.memo import state
-
-    if patience is not None:
-        liveness.PATIENCE, liveness.INTERVAL = patience, patience / 4
 
     fmesh.realize(fmesh.make_mesh({"w": world}), backend="gloo")
     fmesh.realize(fmesh.make_mesh({"x": 2, "y": world // 2}, ranks=list(range(world))[::-1]))
@@ -173,7 +168,6 @@ def _run(
     deaths: dict[int, int],
     timeout_s: float | None = None,
     naps: dict[int, tuple[int, float]] | None = None,
-    patience: float | None = None,
 ) -> Job:
     return run_spawn(
         loss_job,
@@ -183,7 +177,6 @@ def _run(
         deaths,
         timeout_s,
         naps or {},
-        patience,
         tmp_path=tmp_path,
         timeout=JOB_TIMEOUT,
     )
@@ -236,17 +229,17 @@ def test_two_ranks_die_at_once_on_eight_ranks(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("how", ["init_device_mesh", "_unflatten"])
 def test_torchs_own_entry_points_raise_it_too(tmp_path: Path, how: str) -> None:
-    # The drop-in takes no timeout: a shorter patience (2 s) keeps the test short.
+    # The drop-in takes no timeout: default settings, found by end of file.
     deaths = {2: 1}
-    job = _run(tmp_path, 4, how, {"dp": 2, "tp": 2}, deaths, patience=2.0)
-    _check_survivors(job, deaths, 2.0 + 12.0)
+    job = _run(tmp_path, 4, how, {"dp": 2, "tp": 2}, deaths)
+    _check_survivors(job, deaths, DEFAULT_BOUND)
 
 
 def test_a_slow_peer_that_is_alive_is_not_lost(tmp_path: Path) -> None:
-    # Rank 2 sleeps longer than the patience (7 s at timeout=14 s) before its first
-    # group, but within the timeout: the call completes everywhere.
-    interval, patience = liveness.settings(datetime.timedelta(seconds=14))
-    naps = {2: (1, patience + 2 * interval + 1.0)}
+    # Rank 2 sleeps longer than the silence (7 s at timeout=14 s) before its first
+    # group, but within the timeout: its sentinel beats, the call completes everywhere.
+    interval, silence = watch.settings(4, datetime.timedelta(seconds=14))
+    naps = {2: (1, silence + 2 * interval + 1.0)}
     job = _run(tmp_path, 4, "realize", {"dp": 2, "tp": 2}, {}, timeout_s=14.0, naps=naps)
     for o in job.outcomes:
         assert o.ok and o.value["error"] is None, job.describe()

@@ -4,9 +4,10 @@ torch's store waits (and the gloo rendezvous, which waits in the store) block in
 until the key appears or the timeout passes; nothing in torch's API cancels them.
 ``InterruptibleStore`` forwards every operation to a connection the caller already
 holds, and splits each wait into slices of ``slice_s`` seconds: between two slices it
-asks ``cancelled()``, and raises ``DistNetworkError`` once that says yes. So a watch
-(``_runtime/liveness.py``) wakes a rank blocked in a rendezvous; the slices cost one
-request each, only while a wait lasts.
+asks ``cancelled()`` (which may itself read the call's outcome, once per interval),
+and raises ``DistNetworkError`` once that says yes. So a watch (``_runtime/watch.py``)
+wakes a rank blocked in a rendezvous; the slices cost one request each, only while a
+wait lasts.
 
 The watch's own thread shares that connection (a new one can stall the store's server
 for seconds when every rank opens one at once): a TCPStore client serializes its
@@ -42,7 +43,9 @@ def peek(store: Store, key: str) -> bytes | None:
     without waiting: a ``compare_set`` that expects a value no key holds changes
     nothing and answers the key's value (or, for a missing key, what it expected). A
     ``get`` waits for the key first: two requests on a TCPStore, and a missing key
-    blocks it, uncancellably, up to the store's timeout."""
+    blocks it, uncancellably, up to the store's timeout. Never peek a key that other
+    clients wait for: on torch's TCPStore a ``compare_set`` of a missing key wakes the
+    clients waiting for it, whose wait then returns as if it existed."""
     raw = bytes(store.compare_set(key, _ABSENT, _ABSENT))
     return None if raw == _ABSENT.encode() else raw
 

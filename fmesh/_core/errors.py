@@ -70,7 +70,10 @@ class PeerLostError(MeshMismatchError, RuntimeError):
 
     ``lost`` holds the lost ranks, ascending. The call made no group on any survivor:
     call ``fmesh.recover`` and carry on without the lost ranks. Also a
-    ``RuntimeError``, the class of torch's own store and connection errors.
+    ``RuntimeError``, the class of torch's own store and connection errors. A rank
+    the others declared lost while it lived (its liveness sentinel was killed, or cut
+    off from its watcher) raises it too, with ``lost`` naming itself and a message
+    that says it was given up on and why.
     """
 
     __module__ = "fmesh"

@@ -113,6 +113,7 @@ def agree(
     timeout: datetime.timedelta,
     prefix: str,
     where: str,
+    closing: bool = False,
 ) -> Ticket:
     """Agree with every rank of ``ranks`` on this call (see the module docstring).
 
@@ -127,6 +128,8 @@ def agree(
         timeout: how long to wait for the other ranks.
         prefix: the call's key prefix, unique per call and equal on every rank.
         where: the call in words (``realize call #3``).
+        closing: a closing barrier follows and counts on ``P+"done"`` (the
+            liveness watch, ``watch.py``): leave that key to it.
 
     Raises:
         MeshMismatchError: ranks published different codes, some never arrived
@@ -134,7 +137,7 @@ def agree(
     """
     import torch.distributed as dist
 
-    ticket = Ticket(store, rank, ranks, prefix, where, record)
+    ticket = Ticket(store, rank, ranks, prefix, where, record, closing)
     n = len(ranks)
     if n <= 1:
         return ticket

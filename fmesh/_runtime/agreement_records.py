@@ -127,6 +127,12 @@ class Ticket:
     """``realize call #k`` (``... of stream 'S'``), for messages."""
     record: Callable[[], Record]
     """This rank's record, computed only when a message needs it."""
+    closing: bool = False
+    """A closing barrier follows (``watch.py``): it goes on counting on ``P+"done"``,
+    which the agreement then leaves in place."""
+    listed: bool = False
+    """This rank opened the list of arrivals (``arrivals.py``) of a call with a closing
+    barrier: it removes ``P+"arr"`` and ``P+"late"`` once the call is over."""
 
     @property
     def summary(self) -> str:
@@ -147,14 +153,17 @@ def append(store: Store, key: str, value: str) -> None:
 def read_done(conn: Store, ticket: Ticket, opened: bool = False) -> Ticket:
     """Count this rank as having read the outcome; raise if the call was aborted.
     ``opened``: this rank opened the list of arrivals (the last reader removes it)."""
-    r = conn.add(ticket.prefix + "done", 1 + LISTED if opened else 1)
+    # Under a closing barrier (``watch.py``) the counter goes on to ``2n``: the opener
+    # removes the list itself once every rank is out (``Ticket.listed``).
+    tag = LISTED if opened and not ticket.closing else 0
+    r = conn.add(ticket.prefix + "done", 1 + tag)
     if r < ABORT:
-        if r % LISTED == len(ticket.ranks):
+        if r % LISTED == len(ticket.ranks) and not ticket.closing:
             conn.delete_key(ticket.prefix + "done")
             if r >= LISTED:
                 conn.delete_key(ticket.prefix + "arr")
                 conn.delete_key(ticket.prefix + "late")
-        return ticket
+        return attrs.evolve(ticket, listed=True) if opened and not tag else ticket
     raise _aborted(conn, ticket)
 
 

@@ -48,8 +48,7 @@ def create_groups(call: Call) -> tuple[dict[str, ProcessGroup], int]:
     try:
         with liveness.active(watch):
             for request in call.requests:
-                with liveness.waiting_for(watch, request.members):
-                    pg, fresh = axis_group(request, world, timeout, ticket)
+                pg, fresh = axis_group(request, world, timeout, ticket)
                 if fresh and pg is not None:
                     made.append(pg)
                 if pg is not None:
@@ -85,8 +84,12 @@ def _agree(call: Call) -> Ticket | None:
     from .._compat import default_store
 
     me = world.rank
-    return agree(
-        default_store(),
+    store = default_store()
+    watched = len(call.ranks) > 1 and liveness.enabled()
+    if watched:  # this rank's sentinel runs, its address published
+        liveness.prepare(store, me)
+    ticket = agree(
+        store,
         rank=me,
         ranks=call.ranks,
         code=turn.code,
@@ -94,7 +97,10 @@ def _agree(call: Call) -> Ticket | None:
         timeout=call.args.timeout or _torch_timeout(call.requests, world),
         prefix=f"{KEY_ROOT}{call.generation}/{turn.key}",
         where=turn.where,
+        closing=watched,
     )
+    liveness.after_agreement(ticket)
+    return ticket
 
 
 def axis_group(

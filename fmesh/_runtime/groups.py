@@ -233,7 +233,12 @@ def _new_group(
             None if ticket is None else liveness.store_for_creation(default_store(), backend)
         )
     try:
-        return new_named_group(ranks, me, backend, options, timeout, name, desc, store)
+        # Under a watch, gloo's construction runs in a worker thread: its pairs
+        # connect in native code that nothing cancels (liveness.creating).
+        return liveness.creating(
+            backend,
+            lambda: new_named_group(ranks, me, backend, options, timeout, name, desc, store),
+        )
     except Exception as err:  # a peer that never joins shows up as a store timeout
         if ticket is None:
             raise

@@ -18,6 +18,7 @@ import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from . import liveness
 from .call import checked, expand
 from .creation import create_groups
 from .hooks import run_realized_hooks
@@ -83,8 +84,11 @@ def realize(
             since the last agreement; a rank never arrived within the timeout.
         PeerLostError: a rank died after every rank agreed on the call, before its
             groups were all made; every surviving rank raises it within seconds
-            (about half of ``timeout``, at least 4 s, when that is shorter than
-            16 s), keeping no group of the call. Call ``fmesh.recover`` to carry on without it.
+            (5 to 10 s at default settings, 30 s at most), keeping no group of the
+            call. Call ``fmesh.recover`` to carry on without it. A rank the others gave
+            up on while it lived (its liveness sentinel was killed) raises it too,
+            naming itself. A rank that is only slow (stopped, a thread holding the
+            GIL) is waited for, as torch does.
         LaunchError: no process group and no usable torchrun environment.
         MeshError: the mesh needs ranks the world does not have; an unknown backend;
             a non-positive timeout.
@@ -94,6 +98,7 @@ def realize(
         if repeat is not None:
             return repeat
         start = time.perf_counter()
+        liveness.warm()  # this process's sentinel starts while the call is laid out
         call = expand(args)
         groups, created = create_groups(call)
         realized = RealizedMesh(
