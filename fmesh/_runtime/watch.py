@@ -178,11 +178,11 @@ class Watch:
                 self._declare(found, why)
 
     def _connect(self, peer: int) -> _sentinel.Link | None:
-        """A link to ``peer``'s sentinel (its address read once per process, after one
-        interval: a shorter call costs no read); ``None`` if the watch stopped first."""
+        """A link to ``peer``'s sentinel (its address read once per process, after a
+        second: a shorter call costs no read); ``None`` if the watch stopped first."""
         cached = _addresses.get(peer)
         if cached is None:
-            if self._stop.wait(self.interval):
+            if self._stop.wait(min(self.interval, INTERVAL)):
                 return None
             cached = self._address(peer)
         link = _sentinel.Link(cached, self.silence)
