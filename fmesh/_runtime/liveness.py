@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 from . import agreement as _agree
 from . import sentinel as _sentinel
 from .agreement_records import Ticket
-from .watch import Watch, _pending, _stream
+from .watch import Watch, pending, stream_of
 
 if TYPE_CHECKING:
     from .._compat import Store
@@ -115,7 +115,7 @@ def _store_host(store: object) -> str | None:
 def after_agreement(ticket: Ticket) -> None:
     """Every rank of ``ticket`` left its stream's previous call: the call's first rank
     deletes what that call left (two keys, if it ended well)."""
-    store, keys = _pending.pop(_stream(ticket.prefix), (None, ()))
+    store, keys = pending.pop(stream_of(ticket.prefix), (None, ()))
     if keys and store is ticket.store and ticket.rank == ticket.ranks[0]:
         conn = _agree.thread_store(ticket.store)
         for key in keys:

@@ -204,6 +204,19 @@ class Sentinel:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def ended(self) -> bool:
+        """Whether it ended, read from its stdout pipe (end of file) without waiting
+        (call when the pipe is readable)."""
+        fd = self.stdout.fileno()
+        os.set_blocking(fd, False)
+        try:
+            ended = not os.read(fd, 1)
+        except BlockingIOError:
+            return False
+        if ended:
+            self.proc.poll()
+        return ended
+
     def why(self) -> str:
         """How the sentinel ended, in words."""
         code = self.proc.poll()

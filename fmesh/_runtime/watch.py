@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import os
 import threading
 import time
 
@@ -29,7 +28,17 @@ from . import sentinel as _sentinel
 from .agreement_records import Ticket, append
 from .hooks import on_reset
 
-__all__ = ["GRACE", "INTERVAL", "LOSS", "RATE", "SILENCE", "Watch", "settings"]
+__all__ = [
+    "GRACE",
+    "INTERVAL",
+    "LOSS",
+    "RATE",
+    "SILENCE",
+    "Watch",
+    "pending",
+    "settings",
+    "stream_of",
+]
 
 logger = logging.getLogger("fmesh")
 
@@ -53,7 +62,7 @@ count of its ranks, far less than the agreement's ``ABORT``."""
 
 _addresses: dict[int, _sentinel.Address] = {}
 """Peers' sentinel addresses read so far (one read per peer, not per call)."""
-_pending: dict[str, tuple[object, tuple[str, ...]]] = {}
+pending: dict[str, tuple[object, tuple[str, ...]]] = {}
 """Per stream: the store and the keys of its last call that ended well, deleted by
 its next agreed call (whose agreement proves every rank left it)."""
 
@@ -178,11 +187,11 @@ class Watch:
                 self._declare(found, why)
 
     def _connect(self, peer: int) -> _sentinel.Link | None:
-        """A link to ``peer``'s sentinel (its address read once per process, after one
-        interval: a shorter call costs no read); ``None`` if the watch stopped first."""
+        """A link to ``peer``'s sentinel (its address read once per process, after a
+        second: a shorter call costs no read); ``None`` if the watch stopped first."""
         cached = _addresses.get(peer)
         if cached is None:
-            if self._stop.wait(self.interval):
+            if self._stop.wait(min(self.interval, INTERVAL)):
                 return None
             cached = self._address(peer)
         link = _sentinel.Link(cached, self.silence)
@@ -206,7 +215,7 @@ class Watch:
         """Wait up to half a beat for the peer's bytes, or for this rank's own
         sentinel's end (its stdout pipe reaches end of file)."""
         ready = link.wait([own.stdout] if own is not None else [], _sentinel.BEAT / 2)
-        if own is not None and ready and _ended(own):
+        if own is not None and ready and own.ended():
             self._give_up(own.why())
 
     def _declare(self, lost: list[int], why: str) -> None:
@@ -348,7 +357,7 @@ class Watch:
         self._thread.join()
         t = self.ticket
         if self._ok:
-            _pending[_stream(t.prefix)] = (t.store, (self.count, self.p + "ok"))
+            pending[stream_of(t.prefix)] = (t.store, (self.count, self.p + "ok"))
             if t.listed:  # every rank is past the agreement: nobody reads the list
                 with contextlib.suppress(Exception):
                     self._conn.delete_key(t.prefix + "arr")
@@ -363,19 +372,6 @@ class Watch:
                     self._conn.delete_key(self.p + key)
                 for key in ("done", "failed", "arr", "late"):
                     self._conn.delete_key(t.prefix + key)
-
-
-def _ended(own: _sentinel.Sentinel) -> bool:
-    """Whether this rank's sentinel ended (its stdout pipe reached end of file)."""
-    fd = own.stdout.fileno()
-    os.set_blocking(fd, False)
-    try:
-        ended = not os.read(fd, 1)
-    except BlockingIOError:
-        return False
-    if ended:
-        own.proc.poll()
-    return ended
 
 
 def _given_up(rank: int, where: str, why: str, doing: str) -> PeerLostError:
@@ -394,6 +390,6 @@ def _said(cause: object) -> str:
     return f" torch said: {first}" if first and not first.startswith("fmesh:") else ""
 
 
-def _stream(prefix: str) -> str:
+def stream_of(prefix: str) -> str:
     """The stream of an agreement prefix ``fmesh/a/<generation>/<stream>/<number>/``."""
     return prefix[len(_agree.KEY_ROOT) :].split("/")[1]
