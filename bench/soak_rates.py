@@ -8,9 +8,12 @@ crash in tens of jobs), so no normal approximation of the difference is used.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from .shared import Json
 
@@ -43,7 +46,7 @@ def _solve(f: Callable[[float], float], target: float) -> float:
 
 def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
     """The exact (Clopper-Pearson) interval: P(X >= k) = alpha/2 and P(X <= k) = alpha/2."""
-    lower = 0.0 if k == 0 else _solve(lambda p: -_binom_cdf(k - 1, n, p), -(1 - alpha / 2))
+    lower = 0.0 if k == 0 else _solve(lambda p: _binom_cdf(k - 1, n, p), 1 - alpha / 2)
     upper = 1.0 if k == n else _solve(lambda p: _binom_cdf(k, n, p), alpha / 2)
     return lower, upper
 
@@ -125,10 +128,36 @@ def summary(report: Json) -> str:
             f"fmesh - torch: {d['difference']:+.3f}, Newcombe 95% [{lo:+.3f}, {hi:+.3f}]; "
             f"Fisher's exact test p = {d['fisher_exact_p']:.3f}"
         )
-    seen: dict[str, int] = {}
+    seen: dict[str, list[str]] = {}
     for job in report["jobs"]:
         if job["outcome"] != "ok":
-            key = f"{job['outcome']}: {job['message'] or next(iter(job['fates'].values()))}"
-            seen[key] = seen.get(key, 0) + 1
-    lines += [f"  {n} x {key}" for key, n in sorted(seen.items())]
+            first = job["first_deaths"][0][0] if job["first_deaths"] else None
+            fates = {str(r): fate for r, fate in job["fates"].items()}
+            what = job["message"] or fates.get(str(first), "no rank died")
+            seen.setdefault(f"{job['outcome']}: {what}", []).append(
+                f"{job['side']} rank {first}"
+            )
+    lines += [f"  {len(v)} x {key} ({', '.join(v)})" for key, v in sorted(seen.items())]
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.soak_rates REPORT.json [MORE.json ...]``: the rates and summary
+    of one soak's report, or of several runs of the same settings pooled, computed again
+    (with this module, whatever computed them before)."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print(main.__doc__)
+        return 2
+    reports = [json.loads(Path(a).read_text()) for a in args]
+    settings = {(r["steps"], r["tokens"], r["provenance"]["torch"]) for r in reports}
+    if len(settings) != 1:
+        raise SystemExit(f"reports of different settings (steps, tokens, torch): {settings}")
+    report = reports[0] | {"jobs": [j for r in reports for j in r["jobs"]]}
+    report["rates"] = rates(report["jobs"])
+    print(summary(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
