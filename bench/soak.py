@@ -16,21 +16,19 @@ section, and nothing here is written to ``results.*``).
 Each rank reports its open file descriptors, threads and RSS at the start, after the
 cycles, and at the end (before and after a garbage collection).
 
-3. **Crash rates, side by side**: torchtitan's training of its llama3 debug model with
-   FSDP2 x tensor parallelism on a 2 x 2 mesh (``spmd_backend="partial_dtensor"``, bf16
-   parameters, fp32 reductions, grad-norm clipping, AdamW), ``--jobs`` jobs of
-   ``--steps`` steps a side. ``ParallelDims.build_mesh`` gets its ``init_device_mesh``
-   from torch, or from fmesh (the one-import change); the sides alternate job by job,
-   so the machine's load falls on both alike. Needs torchtitan (commit b5bcd76c6,
-   installed as ``tests/run_torchtitan_suite.py`` says) and two CPU stand-ins:
-   FlexAttention has no backward on CPU, so its forward is replaced by causal
-   ``scaled_dot_product_attention`` on the same (tokens, heads, dim) tensors, and
-   FSDP's ``PREMUL_SUM`` (not in gloo) by a sum (``set_force_sum_reduction_for_comms``).
-   Each job ends ``ok``, ``native_abort`` (a rank killed by SIGABRT: glibc's message
-   is read from the rank's stderr), ``other_failure`` (another signal, or a Python
-   error) or ``timeout``. Peers of a dead rank are given 20 s, then killed. The crash
-   rates get Wilson and Clopper-Pearson 95% intervals, their difference a Newcombe
-   interval and Fisher's exact test. See ``docs/troubleshooting.md``.
+3. **Crash rates, side by side**: torchtitan's llama3 debug model trained with FSDP2 x
+   tensor parallelism on 2 x 2 (``spmd_backend="partial_dtensor"``, bf16 parameters,
+   fp32 reductions, grad-norm clipping, AdamW), ``--jobs`` jobs of ``--steps`` steps a
+   side, alternating sides so that the machine's load falls on both alike.
+   ``ParallelDims.build_mesh``'s ``init_device_mesh`` is torch's, or fmesh's (the
+   one-import change). Two CPU stand-ins: FlexAttention (no backward on CPU) runs as
+   causal ``scaled_dot_product_attention`` on the same tensors, and FSDP's
+   ``PREMUL_SUM`` (not in gloo) as a sum. A job ends ``ok``, ``native_abort`` (a rank
+   killed by SIGABRT; glibc's message read from its stderr), ``other_failure`` or
+   ``timeout``; a dead rank's peers are killed 20 s later. Rates and their test:
+   :mod:`bench.soak_rates`; see ``docs/troubleshooting.md``. Needs torchtitan at commit
+   b5bcd76c6 beside torch, installed so as to keep that torch: ``pip install --no-deps
+   -e <torchtitan checkout> spmd-types==0.2.3`` and ``pip install tyro``.
 
 Writes one JSON document (``--out``, rewritten after every job) and prints a summary.
 """

@@ -8,11 +8,21 @@ no job crashed, 1 - (alpha/2)^(1/n).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.soak_rates import clopper_pearson, fisher_exact, newcombe, rates, summary, wilson
+from bench.soak_rates import (
+    clopper_pearson,
+    fisher_exact,
+    main,
+    newcombe,
+    rates,
+    summary,
+    wilson,
+)
 
 
 def test_wilson_interval() -> None:
@@ -63,3 +73,19 @@ def test_rates_count_each_side_and_the_summary_names_the_rank() -> None:
     assert out["fmesh_minus_torch"]["fisher_exact_p"] == pytest.approx(1.0)
     text = summary(report)
     assert "1 x native_abort: malloc(): unaligned tcache chunk detected (torch rank 2)" in text
+
+
+def test_reports_of_the_same_settings_pool_and_others_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    provenance = {"torch": "2.15", "fmesh_commit": "x"}
+    report = {"steps": 10, "tokens": 128, "provenance": provenance}
+    one, two, other = tmp_path / "1.json", tmp_path / "2.json", tmp_path / "3.json"
+    one.write_text(json.dumps(report | {"jobs": [_job("torch", "ok", 1.0)] * 3}))
+    two.write_text(json.dumps(report | {"jobs": [_job("fmesh", "native_abort", 1.0)]}))
+    assert main([str(one), str(two)]) == 0
+    text = capsys.readouterr().out
+    assert "torch     3   3" in text and "fmesh     1   0             1" in text
+    other.write_text(json.dumps(report | {"steps": 5, "jobs": []}))
+    with pytest.raises(SystemExit, match="different settings"):
+        main([str(one), str(other)])
