@@ -1,10 +1,11 @@
-"""A soak on 4 gloo ranks: leaks and crashes, not timings (not a ``python -m bench``
+"""A soak on 4 gloo ranks: leaks and crash rates, not timings (not a ``python -m bench``
 section, and nothing here is written to ``results.*``).
 
 ::
 
-    python -m bench.soak                       # 200 cycles, 50 builds, 5 trainings each
-    python -m bench.soak --cycles 10 --builds 5 --trainings 2 --steps 3
+    python -m bench.soak                           # leaks, then 40 trainings a side
+    python -m bench.soak --cycles 0 --builds 0 --jobs 2 --steps 3   # a pilot
+    python -m bench.soak --cycles 0 --builds 0 --jobs 40 --out soak.json
 
 1. **Realize/destroy cycles**: every rank realizes a ``dp x tp`` mesh (a creating call:
    agreement, the liveness watch, gloo groups) and destroys it, ``--cycles`` times.
@@ -15,15 +16,21 @@ section, and nothing here is written to ``results.*``).
 Each rank reports its open file descriptors, threads and RSS at the start, after the
 cycles, and at the end (before and after a garbage collection).
 
-3. **Crash count, side by side**: a small DTensor model trained in bf16 with tensor
-   parallelism (``ColwiseParallel``/``RowwiseParallel``) and FSDP2 (``fully_shard``) on a
-   2 x 2 mesh made by torch's ``init_device_mesh``, and by fmesh's drop-in, ``--trainings``
-   jobs of ``--steps`` steps each. A job crashes when a rank dies (a signal or a
-   non-zero exit); its stacks come from ``faulthandler`` (``PYTHONFAULTHANDLER=1``
-   semantics, one file per rank). gloo's ``malloc(): unaligned tcache chunk detected``
-   in ``ProcessGroupGloo::runLoop`` is torch's: see ``docs/troubleshooting.md``.
+3. **Crash rates, side by side**: torchtitan's llama3 debug model trained with FSDP2 x
+   tensor parallelism on 2 x 2 (``spmd_backend="partial_dtensor"``, bf16 parameters,
+   fp32 reductions, grad-norm clipping, AdamW), ``--jobs`` jobs of ``--steps`` steps a
+   side, alternating sides so that the machine's load falls on both alike.
+   ``ParallelDims.build_mesh``'s ``init_device_mesh`` is torch's, or fmesh's (the
+   one-import change). Two CPU stand-ins: FlexAttention (no backward on CPU) runs as
+   causal ``scaled_dot_product_attention`` on the same tensors, and FSDP's
+   ``PREMUL_SUM`` (not in gloo) as a sum. A job ends ``ok``, ``native_abort`` (a rank
+   killed by SIGABRT; glibc's message read from its stderr), ``other_failure`` or
+   ``timeout``; a dead rank's peers are killed 20 s later. Rates and their test:
+   :mod:`bench.soak_rates`; see ``docs/troubleshooting.md``. Needs torchtitan at commit
+   b5bcd76c6 beside torch, installed so as to keep that torch: ``pip install --no-deps
+   -e <torchtitan checkout> spmd-types==0.2.3`` and ``pip install tyro``.
 
-Prints one JSON document.
+Writes one JSON document (``--out``, rewritten after every job) and prints a summary.
 """
 
 from __future__ import annotations
@@ -32,19 +39,33 @@ import argparse
 import datetime
 import faulthandler
 import gc
+import importlib
 import json
 import os
+import re
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from . import torch_ref
+from . import launch, torch_ref
 from .launch import Worker, WorkerError, finish, start
 from .shared import Json
+from .soak_rates import SIDES, rates, summary
 
 WORLD = 4
+GRACE_S = 20.0
+"""How long the peers of a dead rank may go on before they are killed."""
+NATIVE = re.compile(
+    r"^(?:\w+\(\): .+|double free or corruption.*|corrupted .+|terminate called .+"
+    r"|Fatal Python error: .+)$",
+    re.MULTILINE,
+)
+"""glibc's and the runtime's fatal messages (``malloc(): unaligned tcache chunk ...``)."""
 
 
 def _usage() -> Json:
@@ -107,47 +128,6 @@ def soak_worker(spec: Json) -> Json:
     }
 
 
-def train_worker(spec: Json) -> Json:
-    """One rank: a DTensor TP + FSDP2 model trained in bf16 on a 2 x 2 mesh."""
-    import torch
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
-    _faults(spec, f"train-{spec['maker']}-{spec['job']}")
-    torch_ref.init_gloo_worker(spec)
-    import torch.distributed.device_mesh as torch_mesh
-
-    import fmesh.device_mesh as fmesh_mesh
-
-    maker = fmesh_mesh if spec["maker"] == "fmesh" else torch_mesh
-    mesh = maker.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 64)
-    ).to(torch.bfloat16)
-    parallelize_module(
-        model,
-        mesh["tp"],
-        {"0": ColwiseParallel(), "2": RowwiseParallel(), "4": ColwiseParallel()},
-    )
-    fully_shard(model, mesh=mesh["dp"])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses = []
-    for step in range(int(str(spec["steps"]))):
-        torch.manual_seed(100 + step + 10 * mesh["dp"].get_local_rank())
-        loss = model(torch.randn(16, 64, dtype=torch.bfloat16)).float().pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(round(loss.item(), 4))
-    return {"rank": int(os.environ["RANK"]), "losses": losses}
-
-
 def _job(worker: Worker, spec: Json, limit_s: float) -> tuple[list[Json], list[str]]:
     """Run one 4-rank job; (the ranks' results, the failures of those that crashed)."""
     store = torch_ref.host_store(WORLD, datetime.timedelta(seconds=limit_s))
@@ -186,34 +166,231 @@ def _stacks(folder: Path, prefix: str) -> dict[str, str]:
     }
 
 
+def _causal_attention(self: object, q_TNH: Any, k_TNH: Any, v_TNH: Any, **kw: Any) -> Any:
+    """FlexAttention's forward on CPU: causal attention over (tokens, heads, dim) (the
+    names are FlexAttention's: its local_map reads them)."""
+    import torch.nn.functional as F
+
+    q, k, v = (t.transpose(0, 1) for t in (q_TNH, k_TNH, v_TNH))
+    gqa = bool(kw.get("enable_gqa"))
+    out = F.scaled_dot_product_attention(
+        q, k, v, scale=kw.get("scale"), is_causal=True, enable_gqa=gqa
+    )
+    return out.transpose(0, 1)
+
+
+def titan_worker(spec: Json) -> Json:
+    """One rank: torchtitan's llama3 debug model, FSDP x TP on 2 x 2, ``spec["steps"]``."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    import fmesh
+    import fmesh.device_mesh
+
+    # The whole stderr to a file: glibc writes its abort message there, faulthandler
+    # the Python stacks.
+    path = Path(str(spec["dir"])) / f"{spec['name']}-rank{os.environ['RANK']}.txt"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    faulthandler.enable()
+    torch.set_num_threads(1)  # torchrun's OMP_NUM_THREADS=1
+    t0 = time.monotonic()
+    torch_ref.init_gloo_worker(spec)
+    names = "config distributed.parallel_dims distributed.utils models.llama3"
+    names += " models.llama3.sharding models.common.attention"
+    tt: dict[str, Any] = {m: importlib.import_module(f"torchtitan.{m}") for m in names.split()}
+    dims = tt["distributed.parallel_dims"]
+    dims.device_type = "cpu"
+    if spec["maker"] == "fmesh":  # the one-import change
+        dims.init_device_mesh = fmesh.device_mesh.init_device_mesh
+    tt["models.common.attention"].FlexAttention.forward = _causal_attention
+    tt["distributed.utils"].set_spmd_backend("partial_dtensor")
+    parallelism = tt["config"].ParallelismConfig(
+        spmd_backend="partial_dtensor", data_parallel_shard_degree=2, tensor_parallel_degree=2
+    )
+    parallel_dims = dims.ParallelDims(
+        dp_replicate=1, dp_shard=2, cp=1, tp=2, pp=1, ep=1, world_size=WORLD,
+        spmd_backend="partial_dtensor",
+    )  # fmt: skip
+    parallel_dims.build_mesh()
+    config = tt["models.llama3"].model_registry("debugmodel").model
+    tt["models.llama3.sharding"].set_llama3_sharding_config(
+        config, enable_sp=parallelism.enable_sequence_parallel
+    )
+    with torch.device("meta"):
+        model = config.build()
+    model = tt["models.llama3"].parallelize_llama(
+        model,
+        parallel_dims=parallel_dims,
+        training=tt["config"].TrainingConfig(),
+        parallelism=parallelism,
+        compile_config=tt["config"].CompileConfig(),
+        ac_config=None,
+        dump_folder=str(spec["dir"]),
+    )
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    model.train()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=8e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    dp_rank = parallel_dims.get_mesh("batch").get_local_rank()
+    setup_s, t0, losses = time.monotonic() - t0, time.monotonic(), []
+    for step in range(int(str(spec["steps"]))):
+        gen = torch.Generator().manual_seed(1000 * step + dp_rank)
+        tokens = torch.randint(
+            0, config.vocab_size, (int(str(spec["tokens"])) + 1,), generator=gen
+        )
+        pred = model(tokens[:-1])
+        if isinstance(pred, DTensor):
+            pred = pred.full_tensor()
+        loss: Any = F.cross_entropy(pred.reshape(-1, pred.shape[-1]).float(), tokens[1:])
+        loss.backward()
+        tt["distributed.utils"].clip_grad_norm_(params, 1.0, foreach=True, pp_mesh=None)
+        opt.step()
+        opt.zero_grad()
+        losses.append(round(loss.item(), 4))
+    return {
+        "rank": int(os.environ["RANK"]),
+        "losses": losses,
+        "fmesh_groups": fmesh.cache_stats().created,
+        "setup_s": round(setup_s, 1),
+        "train_s": round(time.monotonic() - t0, 1),
+    }
+
+
+def _titan_job(spec: Json, limit_s: float) -> Json:
+    """One training job: its outcome, wall time and every rank's fate."""
+    store = torch_ref.host_store(WORLD, datetime.timedelta(seconds=limit_s))
+    spec = {**spec, "port": store.port, "timeout_s": limit_s}
+    env = {"WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": str(WORLD)}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
+    env |= {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+    env["LIBC_FATAL_STDERR_"] = "1"  # glibc's fatal messages to stderr, not the tty
+    t0 = time.monotonic()
+    ranks = [
+        start(titan_worker, spec, {**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+        for r in range(WORLD)
+    ]
+    deadline = t0 + limit_s
+    fates: dict[int, str] = {}
+    results: dict[int, Json] = {}
+    dead: list[tuple[int, float]] = []
+    while len(fates) < WORLD and time.monotonic() < deadline:
+        for r, rank in enumerate(ranks):
+            if r in fates or not (rank.conn.poll(0) or not rank.proc.is_alive()):
+                continue
+            try:
+                status, payload = rank.conn.recv()
+            except EOFError:
+                rank.proc.join(10)
+                code = rank.proc.exitcode or 0
+                died = f"killed by {signal.Signals(-code).name}" if code < 0 else ""
+                status, payload = "died", died or f"exit code {code}"
+            if status == "ok":
+                fates[r], results[r] = "ok", payload
+                continue
+            lines = str(payload).strip().splitlines()
+            fates[r] = payload if status == "died" else f"error: {lines[-1][:300]}"
+            dead.append((r, round(time.monotonic() - t0, 1)))
+            deadline = min(deadline, time.monotonic() + GRACE_S)
+        time.sleep(0.1)
+    for r, rank in enumerate(ranks):
+        if r not in fates:
+            fates[r] = "still running: killed" + (f" {GRACE_S:.0f} s after" if dead else "")
+        if rank.proc.is_alive():
+            rank.proc.kill()  # only the processes this soak started
+        rank.proc.join(10)
+        rank.conn.close()
+    del store
+    wall_s = round(time.monotonic() - t0, 1)
+    folder = Path(str(spec["dir"]))
+    messages = {}
+    for r in range(WORLD):
+        text = (folder / f"{spec['name']}-rank{r}.txt").read_text(errors="replace")
+        found = [m for m in NATIVE.findall(text) if not m.startswith("Fatal Python")]
+        if found or fates[r] != "ok":
+            messages[r] = {"native": found, "stderr_tail": text[-3000:]}
+    aborts = [r for r, f in fates.items() if f == "killed by SIGABRT"]
+    outcome = "native_abort" if aborts else "other_failure" if dead else "timeout"
+    outcome = "ok" if len(results) == WORLD else outcome
+    job: Json = {"side": spec["maker"], "job": spec["job"], "outcome": outcome}
+    job |= {"wall_s": wall_s, "aborted_ranks": aborts, "first_deaths": dead}
+    job["message"] = next((m for r in aborts for m in messages[r]["native"]), None)
+    job |= {"fates": fates, "stderr": messages}
+    if 0 in results:
+        job |= {f"rank0_{k}": results[0][k] for k in ("setup_s", "train_s", "losses")}
+    job["fmesh_groups"] = sorted({int(v["fmesh_groups"]) for v in results.values()})
+    return job
+
+
+def _provenance() -> Json:
+    """What the soak ran on: torch, torchtitan and fmesh (its git commit, if any)."""
+    import torch
+
+    import fmesh
+
+    root = Path(fmesh.__file__).resolve().parent.parent
+    git = ["git", "-C", str(root)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--porcelain", "fmesh"], capture_output=True)
+    out: Json = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    out |= {"fmesh_commit": head.stdout.strip() or None, "fmesh_dirty": bool(dirty.stdout)}
+    try:
+        out["torchtitan"] = str(importlib.import_module("torchtitan").__file__)
+    except ImportError:
+        out["torchtitan"] = None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
     parser.add_argument("--cycles", type=int, default=200)
     parser.add_argument("--builds", type=int, default=50)
-    parser.add_argument("--trainings", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=40, help="training jobs a side")
+    parser.add_argument("--steps", type=int, default=10, help="training steps a job")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens a step per rank")
+    parser.add_argument("--job-limit-s", type=float, default=600.0)
+    parser.add_argument("--budget-s", type=float, default=None, help="start no pair after")
+    parser.add_argument("--out", type=Path, default=None, help="the JSON report's file")
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="fmesh-soak-"))
-    report: Json = {"stacks_dir": str(folder)}
-    spec: Json = {"cycles": args.cycles, "builds": args.builds, "dir": str(folder)}
-    ranks, crashes = _job(soak_worker, spec, 600.0 + 2.0 * (args.cycles + args.builds))
-    report["soak"] = {"ranks": ranks, "crashes": crashes, "stacks": _stacks(folder, "soak")}
-    for maker in ("torch", "fmesh"):
-        runs = []
-        for job in range(args.trainings):
-            spec = {"maker": maker, "job": job, "steps": args.steps, "dir": str(folder)}
-            results, failed = _job(train_worker, spec, 300.0)
-            runs.append({"ok": not failed, "crashes": failed})
-            if not failed:
-                runs[-1]["losses_rank0"] = results[0]["losses"]
-        report[f"training_{maker}"] = {
-            "jobs": len(runs),
-            "crashed_jobs": sum(not r["ok"] for r in runs),
-            "runs": runs,
-            "stacks": _stacks(folder, f"train-{maker}"),
-        }
-    json.dump(report, sys.stdout, indent=1)
-    print()
+    out = args.out or folder / "soak.json"
+    report: Json = {"stacks_dir": str(folder), "provenance": _provenance()}
+    # torchtitan imported once in the fork server, as torch is (before it starts).
+    launch.context().set_forkserver_preload(
+        [*torch_ref.PRELOAD, "numpy", "fmesh", "bench.shared", "torchtitan.models.llama3"]
+    )
+    if args.cycles or args.builds:
+        spec: Json = {"cycles": args.cycles, "builds": args.builds, "dir": str(folder)}
+        limit = 600.0 + 2.0 * (args.cycles + args.builds)
+        ranks, crashes = _job(soak_worker, spec, limit)
+        soak = {"ranks": ranks, "crashes": crashes}
+        report["soak"] = soak | {"stacks": _stacks(folder, "soak")}
+    report |= {"steps": args.steps, "tokens": args.tokens, "jobs": []}
+    t0 = time.monotonic()
+    for i in range(2 * args.jobs):
+        if i % 2 == 0 and args.budget_s is not None and time.monotonic() - t0 > args.budget_s:
+            break
+        side = SIDES[i % 2]
+        spec = {"maker": side, "job": i // 2, "steps": args.steps, "tokens": args.tokens}
+        spec |= {"dir": str(folder), "name": f"titan-{i // 2:03d}-{side}"}
+        job = _titan_job(spec, args.job_limit_s)
+        report["jobs"].append(job)
+        line = f"job {i // 2} {side}: {job['outcome']} in {job['wall_s']} s"
+        line += f" {job['message'] or ''}"
+        print(f"[{time.monotonic() - t0:6.0f} s] {line}", file=sys.stderr, flush=True)
+        report["rates"] = rates(report["jobs"])
+        out.write_text(json.dumps(report, indent=1) + "\n")
+    if report["jobs"]:
+        print(summary(report))
+    print(f"report: {out}")
     return 0
 
 
