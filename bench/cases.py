@@ -149,7 +149,7 @@ STORE = (
       "fmesh's keys are removed by their last reader; gloo's rendezvous keys stay (one per "
       "rank), on both sides", "count"),
     M("store.watch.per_rank", "watch_rank", f"{WAIT}: store requests per rank per second",
-      f"{SIM}; beats, their reads, sliced waits", "/s", torch="", skipped=NONE,
+      f"{SIM}; reads of the outcome, sliced waits", "/s", torch="", skipped=NONE,
       every_size=True),
     M("store.watch.server", "watch_rate", f"{WAIT}: server requests per second",
       f"{SIM}; all ranks", "/s", torch="", skipped=NONE),

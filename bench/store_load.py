@@ -281,8 +281,11 @@ def _found(found: Json, world: int) -> Json:
 def extrapolate(rows: list[Row]) -> list[Row]:
     """The server's load at 2^17 and 2^20 ranks (same group size), not measured: the
     waiting ranks' rate as N times the highest rate per rank measured (where the crowds
-    kept up best); a call's CPU (all ranks) along the least-squares line through the
-    measured sizes."""
+    kept up best), scaled by the watch's interval there over its interval at N (the
+    interval grows with the world: ``watch.settings``); a call's CPU (all ranks) along
+    the least-squares line through the measured sizes."""
+    from fmesh._runtime.watch import settings
+
     rate = [r for r in rows if r.key == "store.watch.per_rank" and r.fmesh is not None]
     cpu = [r for r in rows if r.key == "store.call.cpu_per_rank" and r.fmesh is not None]
     if not (rate and cpu):
@@ -290,6 +293,10 @@ def extrapolate(rows: list[Row]) -> list[Row]:
     last = max(rate, key=lambda r: r.fmesh or 0.0)
     label = last.bench.replace("per rank per second", "per second")
     sizes = ", ".join(str(r.ranks) for r in cpu)
+
+    def interval(n: int) -> float:
+        return settings(n, None)[0]
+
     out = []
     for n in EXTRAPOLATE:
         fm, th = (
@@ -299,8 +306,10 @@ def extrapolate(rows: list[Row]) -> list[Row]:
         # fmt: off
         out += [
             Row("store.watch.server_extrapolated", last.section, label, w, n, "/s",
-                (last.fmesh or 0.0) * n, None, skipped=last.skipped, every_size=True,
-                note=f"extrapolated (N x the rate per rank at {last.world}), not measured"),
+                (last.fmesh or 0.0) * n * interval(last.ranks) / interval(n), None,
+                skipped=last.skipped, every_size=True,
+                note=f"extrapolated (N x the rate per rank at {last.world} x I({last.world})"
+                " / I(N), the watch's interval I), not measured"),
             Row("store.call.cpu_per_call_extrapolated", last.section, CPU_CALL, w, n, "s", fm,
                 th, note=f"extrapolated (straight line from N={sizes}), not measured",
                 every_size=True),

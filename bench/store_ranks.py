@@ -41,7 +41,24 @@ CODE = 0x5EED
 
 def setup_process(ranks: list[int]) -> None:
     """Once per crowd process, before any call: what its simulated ranks need to be
-    watched (nothing today: a rank beats from its watch thread)."""
+    watched. A real rank process runs one sentinel (``fmesh/_runtime/sentinel.py``);
+    the simulated ranks of one crowd share this process's, as threads of one process
+    would: a sentinel per simulated rank (4,096 processes on the bench's CPUs) would
+    measure process scheduling, not the store, and the watch's store requests are the
+    same either way. The victim is alone in its crowd, so killing its process kills
+    the one thing that makes it dead: its sentinel exits with it (its stdin's end of
+    file, ``PR_SET_PDEATHSIG``), and its watcher sees end of file. Started here, as
+    ``liveness.warm`` does, so that it listens by the first call."""
+    from fmesh._runtime import sentinel
+
+    if ranks:
+        _ = sentinel.mine().address  # waits for its port
+
+
+_prepared: set[int] = set()
+"""Simulated ranks of this process whose sentinel address is published: once per
+rank, as a real rank publishes once per process (``liveness.prepare`` remembers one
+store per sentinel, and each simulated rank has its own client)."""
 
 
 def fmesh_call(
@@ -54,13 +71,18 @@ def fmesh_call(
     create: Callable[[Store], None],
     timeout: datetime.timedelta | None,
 ) -> None:
-    """One creating call of ``rank`` as realize makes it: agree, start the watch, create
-    (waiting for ``members``) in the store fmesh gives a creation on ``backend``, the
-    closing barrier, and cleanup. Raises the call's error (``PeerLostError`` when a
-    member died)."""
+    """One creating call of ``rank`` as realize makes it (``create_groups`` and
+    ``_agree`` in fmesh/_runtime/creation.py): publish the sentinel's address, agree
+    with a closing barrier, clean up the stream's previous call, start the watch,
+    create (waiting for ``members``) in the store fmesh gives a creation on
+    ``backend``, the closing barrier, and close. Raises the call's error
+    (``PeerLostError`` when a member died)."""
     from fmesh._core.errors import PeerLostError
     from fmesh._runtime import agreement, liveness
 
+    if rank not in _prepared:
+        liveness.prepare(store, rank)
+        _prepared.add(rank)
     ticket = agreement.agree(
         store,
         rank=rank,
@@ -70,34 +92,37 @@ def fmesh_call(
         timeout=TIMEOUT,
         prefix=f"{agreement.KEY_ROOT}{prefix}",
         where="a store-load call",
+        closing=True,
     )
+    liveness.after_agreement(ticket)
     watch = liveness.start(ticket, timeout)
     try:
         with liveness.active(watch):
-            with liveness.waiting_for(watch, members):
-                try:
-                    create(liveness.store_for_creation(store, backend))
-                except Exception as err:
-                    found = None if watch is None else watch.error("creating a group", err)
-                    if found is None:
-                        raise
-                    raise found from err
+            try:
+                create(liveness.store_for_creation(store, backend))
+            except Exception as err:
+                found = None if watch is None else watch.error("creating a group", err)
+                if found is None:
+                    raise
+                raise found from err
             if watch is not None:
                 watch.finish(2 * TIMEOUT)
     except BaseException as err:
-        if watch is not None and not isinstance(err, PeerLostError):
-            watch.fail(err)
-        raise
-    finally:
         if watch is not None:
+            if not isinstance(err, PeerLostError):
+                watch.fail(err)
             watch.close()
+        raise
+    if watch is not None:
+        watch.close()
 
 
 SIZES = {"full": (1024, 2048), "quick": (256, 1024), "smoke": (16,)}
-"""Simulated ranks per mode. Today's watch reads every group member's beat each second
-(about 7 requests per rank per second here): past 2048 ranks, the crowds on 2 CPUs
-cannot send that in real time. A watch with O(1) store requests per rank allows
-``(1024, 2048, 4096)``."""
+"""Simulated ranks per mode. A waiting rank reads its call's outcome once per
+interval (2 requests), whatever its group's size; but at 4,096 ranks the crowds'
+threads on 2 shared CPUs (load average over 1,000) leave sentinels' beats unread for
+10 s, and live ranks are declared lost (silence): ``(1024, 2048, 4096)`` needs more
+cores."""
 
 # == end of the adapter ====================================================================
 

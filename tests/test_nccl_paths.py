@@ -5,8 +5,9 @@ decides whether its unique-id exchange may wait in the watch's store. In-process
 torch's ``HashStore``: a rank whose group root never publishes the id waits the way
 torch 2.15's ``NCCLBootstrap`` does (a C++ ``PrefixStore`` over the store it was given:
 ``wait(keys, timeout)``, then ``multi_get``); the watch ends that wait once it finds the
-root lost on the nccl2 path, and leaves it to torch's timeout on the legacy one. The
-real backends need GPUs: ``tests/gpu_job.py --creation``.
+root lost (its sentinel, a real process, killed) on the nccl2 path, and leaves it to
+torch's timeout on the legacy one. The real backends need GPUs:
+``tests/gpu_job.py --creation``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +24,7 @@ import torch.distributed as dist
 
 from fmesh import PeerLostError
 from fmesh._compat import memory_store, nccl
-from fmesh._runtime import liveness
+from fmesh._runtime import liveness, sentinel, watch
 from fmesh._runtime.agreement_records import Record, Ticket
 
 if TYPE_CHECKING:
@@ -89,7 +91,7 @@ def test_on_215_what_torch_registered_for_nccl_decides(
 # -- the unique-id exchange under a watch ----------------------------------------------------
 
 PATIENCE_TIMEOUT = datetime.timedelta(seconds=1)
-"""The call's timeout: patience 1 s, a beat every 0.25 s (``liveness.settings``)."""
+"""The call's timeout: outcome read every 0.25 s, silence 1 s (``watch.settings``)."""
 
 
 def _bootstrap_wait(store: Store, wait_s: float) -> list[bytes]:
@@ -101,34 +103,55 @@ def _bootstrap_wait(store: Store, wait_s: float) -> list[bytes]:
     return [bytes(v) for v in prefixed.multi_get(keys)]
 
 
+@pytest.fixture
+def live() -> Iterator[sentinel.Sentinel]:
+    """This process's sentinel: rank 1's (and a live rank 0's)."""
+    watch._addresses.clear()
+    yield sentinel.mine()
+    watch._addresses.clear()
+
+
 def _creating(
-    backend: str, root_alive: bool, wait_s: float
+    backend: str, root_alive: bool, wait_s: float, live: sentinel.Sentinel
 ) -> tuple[BaseException | None, float]:
     """Rank 1 of a call over ranks (0, 1) waits for the NCCL id of rank 0, the group's
-    root, which publishes it after 0.5 s or, dead, never beats. (error, seconds)."""
+    root, which publishes it after 0.5 s or is dead: its sentinel, a real process,
+    killed before the call (its watcher, rank 1, finds its port closed). Both
+    addresses are published as ``liveness.prepare`` does. (error, seconds)."""
     store = memory_store()
     store.set_timeout(datetime.timedelta(seconds=60))
-    ticket = Ticket(store, 1, (0, 1), "t/", "realize call #1", lambda: Record(1, 0, "m", ""))
-    watch = liveness.Watch(ticket, PATIENCE_TIMEOUT)
+    root = live if root_alive else sentinel.Sentinel("127.0.0.1")
+    store.set(sentinel.KEY + "0", root.address.text())
+    store.set(sentinel.KEY + "1", live.address.text())
+    if not root_alive:
+        root.proc.kill()
+        root.proc.wait()
+    record = lambda: Record(1, 0, "m", "")  # noqa: E731
+    ticket = Ticket(store, 1, (0, 1), "t/", "realize call #1", record, closing=True)
+    store.add("t/done", 2)  # the agreement's two reads of its outcome
+    w = liveness.start(ticket, PATIENCE_TIMEOUT)
+    assert w is not None
     if root_alive:
-        root = PrefixStore("fmesh_g0_test", store)
-        threading.Timer(0.5, root.set, ("nccl_storekey_0", b"id")).start()
+        publish = PrefixStore("fmesh_g0_test", store)
+        threading.Timer(0.5, publish.set, ("nccl_storekey_0", b"id")).start()
     start = time.monotonic()
     try:
-        with liveness.active(watch), watch.waiting_for({0}):
+        with liveness.active(w):
             given = liveness.store_for_creation(store, backend)
             assert _bootstrap_wait(given, wait_s) == [b"id"]
         return None, time.monotonic() - start
     except Exception as err:
-        found = watch.error("creating the group [0, 1]", err)
+        found = w.error("creating the group [0, 1]", err)
         return (found if found is not None else err), time.monotonic() - start
     finally:
-        watch.close()
+        w.close()
 
 
 @pytest.mark.usefixtures("torch_215")
-def test_on_215_a_dead_root_ends_the_id_exchange_with_peer_lost_in_seconds() -> None:
-    err, took = _creating("nccl", root_alive=False, wait_s=60.0)
+def test_on_215_a_dead_root_ends_the_id_exchange_with_peer_lost_in_seconds(
+    live: sentinel.Sentinel,
+) -> None:
+    err, took = _creating("nccl", root_alive=False, wait_s=60.0, live=live)
     assert isinstance(err, PeerLostError), err
     assert err.lost == (0,)
     assert "rank(s) [0] died" in str(err)
@@ -136,16 +159,18 @@ def test_on_215_a_dead_root_ends_the_id_exchange_with_peer_lost_in_seconds() -> 
 
 
 @pytest.mark.usefixtures("torch_215")
-def test_on_215_a_live_root_s_id_arrives_through_the_watch_store() -> None:
-    err, took = _creating("nccl", root_alive=True, wait_s=60.0)
+def test_on_215_a_live_root_s_id_arrives_through_the_watch_store(
+    live: sentinel.Sentinel,
+) -> None:
+    err, took = _creating("nccl", root_alive=True, wait_s=60.0, live=live)
     assert err is None, err
     assert took < 30.0
 
 
 @pytest.mark.usefixtures("torch_213")
-def test_legacy_nccl_waits_for_torchs_timeout_not_the_watch() -> None:
-    # The watch gives the call up after ~1.5 s; the legacy exchange is not cut short.
-    err, took = _creating("nccl", root_alive=False, wait_s=6.0)
+def test_legacy_nccl_waits_for_torchs_timeout_not_the_watch(live: sentinel.Sentinel) -> None:
+    # The watch gives the call up after ~3 s (GRACE); the legacy exchange is not cut short.
+    err, took = _creating("nccl", root_alive=False, wait_s=6.0, live=live)
     assert isinstance(err, PeerLostError), err  # the verdict explains it
     assert "torch said: wait timeout" in str(err).lower(), err  # the store's own timeout
     assert took >= 5.5, took
