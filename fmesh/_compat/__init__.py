@@ -6,7 +6,8 @@ name appears outside this package. ``c10d.py``: process groups and stores;
 ``interruptible.py``: a store whose waits another thread can cancel, and ``peek``, a
 read that never waits (it imports no torch until a store is made); ``dtensor.py``:
 DTensor placements; ``mesh.py``: DeviceMesh; ``hook.py``: the routing of torch's
-DeviceMesh methods (and the environment switches).
+DeviceMesh methods (and the environment switches); ``swap.py``: torch's
+``init_device_mesh`` function made to run fmesh's drop-in (``route()``).
 """
 
 from typing import TYPE_CHECKING
