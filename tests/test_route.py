@@ -206,8 +206,42 @@ def test_a_torch_whose_function_is_not_plain_is_refused(
 
     wrapped = functools.partial(device_mesh.init_device_mesh)
     monkeypatch.setattr(device_mesh, "init_device_mesh", wrapped)
-    with pytest.raises(RuntimeError, match="not a plain Python function: fmesh cannot"):
+    with pytest.raises(RuntimeError, match="not torch's plain Python function: fmesh cannot"):
         route()
+
+
+def _routing_trainer() -> None:
+    """Trainer code that routes itself, then builds a mesh with torch's function."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from fmesh.device_mesh import route
+
+    route()
+    init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+
+
+def plan_job(_: int, __: int) -> tuple[list[int], bool, bool]:
+    """``fmesh plan`` of code that calls route(): plan points torch's module attribute
+    at the drop-in for its run, and route() there must not route the drop-in itself."""
+    import torch.distributed.device_mesh as device_mesh
+
+    from fmesh._compat import swap
+
+    torch_fn = device_mesh.init_device_mesh
+    report = fmesh.plan(_routing_trainer, world=8, ranks=[0, 5])
+    return (
+        [r.created for r in report.ranks],
+        device_mesh.init_device_mesh is torch_fn,
+        swap.routed(),
+    )
+
+
+def test_route_inside_fmesh_plan_leaves_plans_routing_alone(tmp_path: Path) -> None:
+    created, restored, routed = run_spawn(
+        plan_job, 1, tmp_path=tmp_path, launch_env=False
+    ).values()[0]
+    assert created == [2, 2]  # each rank's dp and tp groups, made by fmesh
+    assert restored and not routed
 
 
 def foreign_job(_: int, __: int) -> str:

@@ -40,6 +40,8 @@ _target: Callable[..., Any] | None = None
 trampoline finishes)."""
 _saved: tuple[types.CodeType, Any, Any, dict[str, Any]] | None = None
 """torch's code, ``__defaults__``, ``__kwdefaults__`` and ``__dict__``, while routed."""
+_torch: types.FunctionType | None = None
+"""torch's function object, once seen."""
 _pristine: types.FunctionType | None = None
 """A copy of torch's function running torch's code (made once, at the first route)."""
 
@@ -53,18 +55,28 @@ def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
     return target(*args, **kwargs)
 
 
-def _torch_function() -> types.FunctionType:
+def _torch_function(target: object) -> types.FunctionType | None:
+    """torch's function object: the module attribute, or ``None`` where that is
+    ``target`` already (``fmesh plan`` points it at the drop-in for its run) and
+    torch's was never seen; raises where it is anything else."""
+    global _torch
     import torch.distributed.device_mesh as device_mesh
 
     fn: object = device_mesh.init_device_mesh
-    if isinstance(fn, types.FunctionType) and fn.__code__ is init_device_mesh.__code__:
-        return fn  # routed already
-    if not isinstance(fn, types.FunctionType) or fn.__closure__:
+    if fn is target or fn is _torch:
+        return _torch
+    if (
+        not isinstance(fn, types.FunctionType)
+        or fn.__closure__
+        or fn.__module__ != device_mesh.__name__
+    ):
         raise RuntimeError(
-            f"torch.distributed.device_mesh.init_device_mesh is {fn!r} on this torch, "
-            "not a plain Python function: fmesh cannot route it in place; use "
-            "`from fmesh.device_mesh import init_device_mesh` instead"
+            f"torch.distributed.device_mesh.init_device_mesh is {fn!r} here, not "
+            "torch's plain Python function: fmesh cannot route it in place (another "
+            "library replaced or wrapped it); use `from fmesh.device_mesh import "
+            "init_device_mesh` instead"
         )
+    _torch = fn
     return fn
 
 
@@ -79,10 +91,13 @@ def route_init_device_mesh(target: Callable[..., Any]) -> bool:
     (the target is replaced)."""
     global _target, _saved, _pristine
     with _lock:
-        fn = _torch_function()
-        _target = target
         if _saved is not None:
+            _target = target
             return False
+        fn = _torch_function(target)
+        if fn is None:
+            return False  # the module attribute is the target already
+        _target = target
         signature = inspect.signature(fn)
         if _pristine is None:
             _pristine = _copy(fn)
@@ -101,7 +116,8 @@ def unroute_init_device_mesh() -> bool:
     with _lock:
         if _saved is None:
             return False
-        fn = _torch_function()
+        fn = _torch
+        assert fn is not None  # seen by route
         if fn.__code__ is not init_device_mesh.__code__:
             raise RuntimeError(
                 "torch's init_device_mesh runs code that is not fmesh's any more "
@@ -122,9 +138,12 @@ def torch_init_device_mesh() -> Callable[..., DeviceMesh]:
         if _saved is not None:
             assert _pristine is not None
             return _pristine
-    import torch.distributed.device_mesh as device_mesh
+        import torch.distributed.device_mesh as device_mesh
 
-    return device_mesh.init_device_mesh
+        fn = device_mesh.init_device_mesh
+        if fn.__module__ != device_mesh.__name__ and _torch is not None:
+            return _torch  # the attribute points elsewhere (fmesh plan): torch's own
+        return fn
 
 
 def _copy(fn: types.FunctionType) -> types.FunctionType:
