@@ -5,6 +5,7 @@ Usage (torch's test file is not part of fmesh; keep it outside the repository)::
     python tests/run_torch_suite.py ../shared/conformance/torch_test_device_mesh.py
     python tests/run_torch_suite.py FILE -k "flatten or unflatten"   # a subset
     python tests/run_torch_suite.py FILE --dropin-only -k test_flatten_mesh_3d
+    python tests/run_torch_suite.py FILE --route -k flatten   # routed, file unchanged
 
 It copies the given file into a fresh temporary folder (the original may be
 read-only) together with ``<name>_dropin.py`` -- the same file with one line added
@@ -13,7 +14,12 @@ test (and every rank it spawns) calls fmesh's -- runs both with pytest (needs
 ``expecttest``; ``-k`` is pytest's), and prints the pass counts and every test that
 passes on plain torch but not with the drop-in. Exit status 1 if there is one.
 ``--dropin-only`` runs the drop-in copy alone and fails on any test that does not
-pass or skip. The pytest logs stay in the temporary folder (``--logs`` names another).
+pass or skip. ``--route`` runs ``<name>_routed.py`` instead of the drop-in copy: the
+file unchanged, with ``fmesh.device_mesh.route()`` called at the start of every
+Python process of the run (pytest and each rank it spawns), by a ``sitecustomize.py``
+first on ``PYTHONPATH`` for this run only (``python -m fmesh.route`` routes one
+process; the ranks this file spawns are fresh interpreters). The pytest logs stay in
+the temporary folder (``--logs`` names another).
 """
 
 from __future__ import annotations
@@ -32,6 +38,21 @@ ANCHOR = (
     "from torch.distributed.device_mesh import _mesh_resources, DeviceMesh, init_device_mesh\n"
 )
 DROPIN = "from fmesh.device_mesh import init_device_mesh  # the drop-in\n"
+ROUTE_SITE = '''"""Written by fmesh's tests/run_torch_suite.py --route: every Python process
+of this run has torch's own init_device_mesh routed through fmesh, or ends (Python
+would only warn of a failed sitecustomize, and the run would be plain torch's)."""
+
+try:
+    from fmesh.device_mesh import route
+
+    route()
+except BaseException:
+    import os
+    import traceback
+
+    traceback.print_exc()
+    os._exit(97)
+'''
 
 
 def copies(path: Path, folder: Path) -> tuple[Path, Path]:
@@ -44,6 +65,17 @@ def copies(path: Path, folder: Path) -> tuple[Path, Path]:
     dropin = folder / (path.stem + "_dropin.py")
     dropin.write_text(text.replace(ANCHOR, ANCHOR + DROPIN))
     return plain, dropin
+
+
+def routed_copy(path: Path, folder: Path) -> tuple[Path, Path]:
+    """Torch's file unchanged as ``<name>_routed.py``, and the folder whose
+    ``sitecustomize.py`` routes every process started with it on ``PYTHONPATH``."""
+    routed = folder / (path.stem + "_routed.py")
+    routed.write_text(path.read_text())
+    overlay = folder / "route"
+    overlay.mkdir(exist_ok=True)
+    (overlay / "sitecustomize.py").write_text(ROUTE_SITE)
+    return routed, overlay
 
 
 def outcomes(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> dict[str, str]:
@@ -66,12 +98,13 @@ def outcomes(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> dict
     return found
 
 
-def run(path: Path, select: str | None = None, logs: Path | None = None) -> dict[str, str]:
+def run(
+    path: Path, select: str | None = None, logs: Path | None = None, *first: Path
+) -> dict[str, str]:
     """Each test's outcome in torch's test file ``path`` (those matching ``-k select``),
-    fmesh on the import path; the log is ``<logs>/<name>.log``."""
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    )
+    ``first`` and fmesh on the import path; the log is ``<logs>/<name>.log``."""
+    paths = [*map(str, first), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
     env.setdefault("CUDA_VISIBLE_DEVICES", "")  # the file runs on CPU with gloo
     args = [path.name] + ([] if select is None else ["-k", select])
     log = (logs or path.parent) / f"{path.stem}.log"
@@ -91,6 +124,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("file", type=Path, help="torch's test_device_mesh.py")
     parser.add_argument("-k", dest="select", help="only tests matching (pytest's -k)")
     parser.add_argument("--dropin-only", action="store_true", help="run the drop-in copy only")
+    parser.add_argument(
+        "--route", action="store_true", help="fmesh.device_mesh.route() instead of the drop-in"
+    )
     parser.add_argument("--logs", type=Path, help="folder for the pytest logs")
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="fmesh_torch_suite_"))
@@ -98,21 +134,27 @@ def main(argv: list[str]) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     try:
         plain_file, dropin_file = copies(args.file.resolve(), folder)
-        dropin = run(dropin_file, args.select, logs)
+        if args.route:
+            dropin_file, overlay = routed_copy(args.file.resolve(), folder)
+            dropin = run(dropin_file, args.select, logs, overlay)
+        else:
+            dropin = run(dropin_file, args.select, logs)
         plain = {} if args.dropin_only else run(plain_file, args.select, logs)
     finally:
         if args.logs:
             shutil.rmtree(folder, ignore_errors=True)
     print(f"logs: {logs}")
+    mode = "fmesh routed" if args.route else "fmesh drop-in"
+    with_mode = "routed" if args.route else "with the drop-in"
     if args.dropin_only:
-        print(_counts("fmesh drop-in", dropin))
+        print(_counts(mode, dropin))
         bad = sorted(t for t, r in dropin.items() if r in ("FAILED", "ERROR"))
         for test in bad:
-            print(f"fails with the drop-in: {test} ({dropin[test]})")
+            print(f"fails {with_mode}: {test} ({dropin[test]})")
         if not dropin:
             print(f"no test ran: see {dropin_file.stem}.log")
         return 1 if bad or not dropin else 0
-    for name, results in (("plain torch", plain), ("fmesh drop-in", dropin)):
+    for name, results in (("plain torch", plain), (mode, dropin)):
         print(_counts(name, results))
     if not any(r == "PASSED" for r in plain.values()):
         # A file that does not load (e.g. one written for another torch) runs nothing:

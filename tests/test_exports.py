@@ -93,8 +93,9 @@ def test_nothing_public_is_left_out_of_all() -> None:
     assert set(_static_reexports()) == set(fmesh.__all__)
 
 
-# The one public submodule, a thin module over private code (like ``jax.sharding``).
-PUBLIC_MODULES = {"device_mesh"}
+# The public submodules: thin modules over private code (like ``jax.sharding``), and
+# ``python -m fmesh.route`` (the runner, which exports nothing).
+PUBLIC_MODULES = {"device_mesh", "route"}
 
 
 def test_modules_other_than_the_package_are_private() -> None:
@@ -110,11 +111,21 @@ def test_the_public_submodule_is_only_re_exports() -> None:
     import fmesh.device_mesh as dm
 
     assert dm.__all__ == sorted(dm.__all__)
-    assert dm.__all__ == ["DeviceMeshError", "DeviceMeshTypeError", "init_device_mesh"]
+    assert dm.__all__ == [
+        "DeviceMeshError",
+        "DeviceMeshTypeError",
+        "init_device_mesh",
+        "route",
+        "unroute",
+    ]
     public = {n for n in vars(dm) if not n.startswith("_")}
     assert public == set(dm.__all__)
-    assert dm.init_device_mesh.__module__.startswith("fmesh._")
-    assert dm.init_device_mesh.__name__ == "init_device_mesh"
+    for name in ("init_device_mesh", "route", "unroute"):
+        assert getattr(dm, name).__module__.startswith("fmesh._")
+        assert getattr(dm, name).__name__ == name
+    import fmesh.route as runner
+
+    assert runner.__all__ == [] and not {n for n in vars(runner) if not n.startswith("_")}
     for name, torch_class in (
         ("DeviceMeshError", RuntimeError),
         ("DeviceMeshTypeError", TypeError),

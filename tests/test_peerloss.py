@@ -89,6 +89,13 @@ def _call(how: str, shape: dict[str, int], timeout_s: float | None) -> None:
         from fmesh.device_mesh import init_device_mesh
 
         init_device_mesh("cpu", sizes, mesh_dim_names=names)
+    elif how == "routed":  # torch's own init_device_mesh, routed (python -m fmesh.route)
+        from torch.distributed.device_mesh import init_device_mesh as torch_init
+
+        from fmesh.device_mesh import route
+
+        route()
+        torch_init("cpu", sizes, mesh_dim_names=names)
     else:  # torch's own _unflatten on a mesh the drop-in made (routed into realize)
         from fmesh.device_mesh import init_device_mesh
 
@@ -227,7 +234,7 @@ def test_two_ranks_die_at_once_on_eight_ranks(tmp_path: Path) -> None:
     _check_survivors(job, deaths, 8.0 + 12.0)
 
 
-@pytest.mark.parametrize("how", ["init_device_mesh", "_unflatten"])
+@pytest.mark.parametrize("how", ["init_device_mesh", "routed", "_unflatten"])
 def test_torchs_own_entry_points_raise_it_too(tmp_path: Path, how: str) -> None:
     # The drop-in takes no timeout: default settings, found by end of file.
     deaths = {2: 1}

@@ -3,7 +3,8 @@
 The conventions, in every page alike:
 
 * a ``python`` block runs as a script; one whose first line is
-  ``# torchrun --nproc-per-node N`` runs under torchrun with N processes;
+  ``# torchrun --nproc-per-node N`` runs under torchrun with N processes, and
+  ``# torchrun --nproc-per-node N -m fmesh.route`` through ``-m fmesh.route`` too;
 * a ``python`` block that starts ``# excerpt of PATH`` quotes a file and is not run:
   tests/test_example_elastic.py checks that it is verbatim in that file;
 * a ``text`` block right after the line ``<!-- the output of the python block above -->``
@@ -90,7 +91,7 @@ def test_python_block_runs(page: str, index: int, body: str, tmp_path: Path) -> 
     script = tmp_path / f"block{index}.py"
     script.write_text(body)
     first = body.splitlines()[0]
-    match = re.match(r"# torchrun --nproc-per-node (\d+)", first)
+    match = re.match(r"# torchrun --nproc-per-node (\d+)( -m fmesh\.route)?$", first)
     if match:
         cmd = [
             sys.executable,
@@ -104,6 +105,7 @@ def test_python_block_runs(page: str, index: int, body: str, tmp_path: Path) -> 
             "127.0.0.1",
             "--master-port",
             str(_free_port()),
+            *(["-m", "fmesh.route"] if match.group(2) else []),
             str(script),
         ]
     else:

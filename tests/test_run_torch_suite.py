@@ -89,3 +89,29 @@ def test_a_file_without_torchs_import_is_refused(tmp_path: Path) -> None:
     proc = _run(str(path))
     assert proc.returncode != 0
     assert "import not found" in proc.stderr
+
+
+ROUTED_STAND_IN = f"""
+import torch
+{runner.ANCHOR.rstrip()}
+
+
+def test_torchs_own_function():
+    assert init_device_mesh.__module__ == "torch.distributed.device_mesh"
+
+
+def test_torchs_own_code():
+    assert init_device_mesh.__code__.co_filename.endswith("device_mesh.py")
+"""
+
+
+def test_route_runs_the_file_unchanged_with_torchs_function_routed(tmp_path: Path) -> None:
+    path = tmp_path / "torch_test_device_mesh.py"
+    path.write_text(ROUTED_STAND_IN)
+    proc = _run(str(path), "--route")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "plain torch: 2 passed, 0 failed" in lines, proc.stdout
+    # Routed, torch's function is still torch's object; it runs fmesh's code.
+    assert "fmesh routed: 1 passed, 1 failed" in lines, proc.stdout
+    assert "passes on plain torch only: test_torchs_own_code (FAILED)" in lines

@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from _dist import run_spawn
-from titan_recipe import CONFIG, OTHER, build, count_new_group, sgd_losses
+from titan_recipe import (
+    CONFIG,
+    OTHER,
+    build,
+    count_new_group,
+    full_params,
+    mlp,
+    sgd_losses,
+    tp_plan,
+)
 
 import fmesh
 
@@ -24,40 +33,6 @@ WORLD = 4
 # (pp, dp_replicate, dp_shard, cp, tp): pure FSDP over all 4 ranks, so that an int
 # reshard_after_forward (2) is a proper divisor of the shard group size (4).
 FSDP4 = (1, 1, 4, 1, 1)
-
-
-def _mlp() -> Any:
-    import torch
-    from torch import nn
-
-    class MLP(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.w1 = nn.Linear(8, 16)
-            self.w2 = nn.Linear(16, 8)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = self.w2(torch.relu(self.w1(x)))
-            return out
-
-    torch.manual_seed(0)
-    return MLP()
-
-
-def _tp_plan() -> dict[str, Any]:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    return {"w1": ColwiseParallel(), "w2": RowwiseParallel()}
-
-
-def _full(model: Any) -> dict[str, list[Any]]:
-    """Every parameter, gathered (DTensor) or as is."""
-    from torch.distributed.tensor import DTensor
-
-    return {
-        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().tolist()
-        for name, p in model.named_parameters()
-    }
 
 
 def _outcome(fn: Callable[[], Any]) -> tuple[str, Any, str]:
@@ -120,8 +95,8 @@ def _steps(kind: str, init: Any, tmp: Path, new_groups: list[int]) -> dict[str, 
     }
 
     # Tensor parallel on the tp slice; the same model unsharded as reference.
-    model, ref = _mlp(), _mlp()
-    parallelize_module(model, tp, _tp_plan())
+    model, ref = mlp(), mlp()
+    parallelize_module(model, tp, tp_plan())
     torch.manual_seed(7)
     inp = torch.randn(4, 8)
     y, y_ref = model(inp), ref(inp)
@@ -138,12 +113,12 @@ def _steps(kind: str, init: Any, tmp: Path, new_groups: list[int]) -> dict[str, 
     }
 
     # FSDP2 on dp_shard over TP (torchtitan's 2-d), reshard_after_forward=True.
-    fsdp_tp = _mlp()
-    parallelize_module(fsdp_tp, tp, _tp_plan())
+    fsdp_tp = mlp()
+    parallelize_module(fsdp_tp, tp, tp_plan())
     fully_shard(fsdp_tp, mesh=dp_shard, reshard_after_forward=True)
     out["fsdp_tp"] = {
         "losses": sgd_losses(fsdp_tp, seed=dp_shard.get_local_rank()),
-        "params": _full(fsdp_tp),
+        "params": full_params(fsdp_tp),
         "local": {n: p.to_local().tolist() for n, p in fsdp_tp.named_parameters()},
     }
 
@@ -151,8 +126,8 @@ def _steps(kind: str, init: Any, tmp: Path, new_groups: list[int]) -> dict[str, 
     ckpt = tmp / kind
     state = {k: v.full_tensor() for k, v in fsdp_tp.state_dict().items()}
     save(fsdp_tp.state_dict(), checkpoint_id=str(ckpt))
-    fresh = _mlp()
-    parallelize_module(fresh, tp, _tp_plan())
+    fresh = mlp()
+    parallelize_module(fresh, tp, tp_plan())
     fully_shard(fresh, mesh=dp_shard)
     for p in fresh.parameters():
         p.data.zero_()
@@ -164,8 +139,8 @@ def _steps(kind: str, init: Any, tmp: Path, new_groups: list[int]) -> dict[str, 
     }
     if kind == "fmesh":
         # torch's checkpoint, loaded onto fmesh's meshes.
-        theirs = _mlp()
-        parallelize_module(theirs, tp, _tp_plan())
+        theirs = mlp()
+        parallelize_module(theirs, tp, tp_plan())
         fully_shard(theirs, mesh=dp_shard)
         target = theirs.state_dict()
         load(target, checkpoint_id=str(tmp / "torch"))
@@ -186,12 +161,12 @@ def _steps(kind: str, init: Any, tmp: Path, new_groups: list[int]) -> dict[str, 
 
     # HSDP on (dp_replicate=2, dp_shard=2), a second root of another shape.
     hsdp_mesh = build(init, OTHER)["dense"]["dp_replicate", "dp_shard"]
-    hsdp = _mlp()
+    hsdp = mlp()
     fully_shard(hsdp, mesh=hsdp_mesh)
     out["hsdp"] = {
         "mesh": hsdp_mesh.mesh.tolist(),
         "losses": sgd_losses(hsdp, seed=int(torch.distributed.get_rank())),
-        "params": _full(hsdp),
+        "params": full_params(hsdp),
     }
 
     # FSDP2 over 4 ranks, reshard_after_forward=2: FSDP builds its own post-forward
@@ -200,14 +175,14 @@ def _steps(kind: str, init: Any, tmp: Path, new_groups: list[int]) -> dict[str, 
     out["new_group"] = new_groups[0] - start
     out["created"] = fmesh.cache_stats().created - created
     start = new_groups[0]
-    fsdp4 = _mlp()
+    fsdp4 = mlp()
     for layer in (fsdp4.w1, fsdp4.w2):
         fully_shard(layer, mesh=fsdp4_mesh, reshard_after_forward=2)
     fully_shard(fsdp4, mesh=fsdp4_mesh, reshard_after_forward=True)
     out["fsdp_int"] = {
         "mesh": fsdp4_mesh.mesh.tolist(),
         "losses": sgd_losses(fsdp4, seed=int(torch.distributed.get_rank())),
-        "params": _full(fsdp4),
+        "params": full_params(fsdp4),
         "local": {n: p.to_local().tolist() for n, p in fsdp4.named_parameters()},
     }
     out["new_group_int"] = new_groups[0] - start

@@ -1,5 +1,6 @@
 """torchtitan's ``ParallelDims.build_mesh`` as a sequence of torch DeviceMesh calls,
-shared by the tests that run it through torch and through fmesh's drop-in."""
+shared by the tests that run it through torch and through fmesh's drop-in, and the
+model the training tests train on those meshes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ __all__ = [
     "build",
     "count_new_group",
     "fmesh_views",
+    "full_params",
+    "mlp",
     "register_fake",
+    "sgd_losses",
+    "tp_plan",
 ]
 
 WORLD = 4
@@ -119,3 +124,39 @@ def sgd_losses(model: Any, seed: int, steps: int = 2) -> list[float]:
         opt.zero_grad()
         losses.append(loss.item())
     return losses
+
+
+def mlp() -> Any:
+    """A two-layer MLP, seeded: every rank and every run starts from the same weights."""
+    import torch
+    from torch import nn
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w1 = nn.Linear(8, 16)
+            self.w2 = nn.Linear(16, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.w2(torch.relu(self.w1(x)))
+            return out
+
+    torch.manual_seed(0)
+    return MLP()
+
+
+def tp_plan() -> dict[str, Any]:
+    """torch's tensor-parallel plan for ``mlp``: column-wise, then row-wise."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"w1": ColwiseParallel(), "w2": RowwiseParallel()}
+
+
+def full_params(model: Any) -> dict[str, list[Any]]:
+    """Every parameter, gathered (DTensor) or as is."""
+    from torch.distributed.tensor import DTensor
+
+    return {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().tolist()
+        for name, p in model.named_parameters()
+    }

@@ -9,7 +9,8 @@ DTensor placements; ``mesh.py``: DeviceMesh; ``hook.py``: the routing of torch's
 DeviceMesh methods (and the environment switches); ``nccl.py``: which NCCL backend
 makes a group, and whether its creation may wait in the watch's store; ``planning.py``:
 every group torch makes on ``fmesh plan``'s fake world, observed and played by the fake
-backend.
+backend; ``swap.py``: torch's ``init_device_mesh`` function made to run fmesh's
+drop-in (``route()``).
 """
 
 from typing import TYPE_CHECKING

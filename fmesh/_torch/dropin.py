@@ -337,9 +337,11 @@ def _torch_init_device_mesh(
     overrides: tuple[BackendConfig, ...] | None,
 ) -> DeviceMesh:
     """torch's own ``init_device_mesh`` (threaded worlds: one process plays every rank,
-    while fmesh's memo serves one rank per process)."""
-    from torch.distributed.device_mesh import init_device_mesh as torch_init
+    while fmesh's memo serves one rank per process). torch's own even while routed:
+    ``route()`` makes torch's function call this module's."""
+    from .._compat.swap import torch_init_device_mesh
 
+    torch_init = torch_init_device_mesh()
     by_index: dict[int | str, str | BackendOptions | tuple[str, BackendOptions]] = {}
     for i, (b, o) in enumerate(overrides or ()):
         if b is not None and o is not None:

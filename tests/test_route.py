@@ -1,0 +1,424 @@
+"""``fmesh.device_mesh.route()`` and ``python -m fmesh.route``: torch's own
+``init_device_mesh`` behaves as the drop-in for the whole process, with no line of the
+caller changed.
+
+Every case runs in fresh processes (routing changes torch for the process): one rank
+of a fake world for what routing reaches and what ``unroute`` restores, torch's
+threaded world, real gloo ranks for agreement and the memo (the fault bounds are in
+test_peerloss.py, which routes too), and the command line as a user types it. Real
+clients (torchtitan's training loop under torchrun, accelerate) are in
+test_route_clients.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from _dist import run_spawn
+from titan_recipe import count_new_group
+
+import fmesh
+
+ROOT = Path(__file__).resolve().parents[1]
+
+EARLY = """\
+import functools
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed import init_device_mesh as from_distributed
+
+REGISTRY = {"mesh": init_device_mesh}
+ON_CPU = functools.partial(init_device_mesh, "cpu")
+
+
+def default(shape, names, build=init_device_mesh):
+    return build("cpu", shape, mesh_dim_names=names)
+
+
+class Builder:
+    build = staticmethod(init_device_mesh)
+"""
+"""A module imported before ``route()``: it holds torch's function in every way
+code holds a function."""
+
+LATE = """\
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import init_device_mesh as from_tensor
+"""
+
+
+def _fmesh_made(dm: Any) -> bool:
+    """Whether fmesh made ``dm`` (its rank map is one of fmesh's spaces)."""
+    from fmesh._compat.hook import space_of
+
+    return space_of(dm._rank_map) is not None
+
+
+def routing_job(_: int, __: int, folder: str) -> dict[str, Any]:
+    """One rank of an 8-rank fake world: torch's function held every way, before and
+    after route(); what unroute() gives back."""
+    import inspect
+
+    import torch.distributed as dist
+    import torch.distributed.device_mesh as device_mesh
+
+    from fmesh._compat import swap
+    from fmesh.device_mesh import route, unroute
+
+    sys.path.insert(0, folder)
+    early: Any = importlib.import_module("early_holder")
+    fn = device_mesh.init_device_mesh
+    before = (fn.__code__, fn.__defaults__, fn.__kwdefaults__, dict(vars(fn)))
+    signature = str(inspect.signature(fn))
+    out: dict[str, Any] = {}
+    route()
+    route()  # idempotent: still one routing, undone by one unroute
+    late: Any = importlib.import_module("late_holder")
+    out["signature_kept"] = str(inspect.signature(fn)) == signature
+    out["same_object"] = all(
+        f is fn for f in (early.init_device_mesh, early.from_distributed, late.from_tensor)
+    )
+    fmesh.init_fake_world(8, 5)
+    new_groups = count_new_group()
+    calls: dict[str, Callable[[], Any]] = {
+        "early import": lambda: early.init_device_mesh(
+            "cpu", (2, 4), mesh_dim_names=("a", "b")
+        ),
+        "torch.distributed": lambda: cast(Any, dist).init_device_mesh("cpu", (4, 2)),
+        "registry": lambda: early.REGISTRY["mesh"]("cpu", (2, 2, 2)),
+        "partial": lambda: early.ON_CPU((2, 4), mesh_dim_names=("c", "d")),
+        "default argument": lambda: early.default((8,), ("w",)),
+        "class attribute": lambda: early.Builder.build(
+            "cpu", (4, 2), mesh_dim_names=("e", "f")
+        ),
+        "late import": lambda: late.init_device_mesh("cpu", (2, 4), mesh_dim_names=("g", "h")),
+    }
+    out["fmesh_made"] = {name: _fmesh_made(call()) for name, call in calls.items()}
+    # The memo: the same call again creates nothing.
+    stats = fmesh.cache_stats()
+    again = early.init_device_mesh("cpu", (2, 4), mesh_dim_names=("a", "b"))
+    after = fmesh.cache_stats()
+    out["repeat"] = (after.created - stats.created, after.reused > stats.reused)
+    # torch's own methods on the routed mesh go through fmesh (the drop-in's hook).
+    world = early.init_device_mesh("cpu", (8,), mesh_dim_names=("world",))
+    views = world._unflatten(0, (2, 2, 2), ("x", "y", "z"))
+    flat = views["x", "z"]._flatten("xz")
+    out["methods"] = (_fmesh_made(views), _fmesh_made(flat), flat.mesh.tolist())
+    out["torch_new_group"] = new_groups[0]
+    # The drop-in's errors, with torch's classes.
+    try:
+        fn("cpu", (2, 4), mesh_dim_names=("a", "a"))
+    except RuntimeError as err:
+        out["error"] = (type(err).__name__, str(err).splitlines()[0])
+    unroute()
+    unroute()  # nothing left to undo
+    restored = (fn.__code__, fn.__defaults__, fn.__kwdefaults__, dict(vars(fn)))
+    out["restored"] = (
+        all(a is b for a, b in zip(restored[:3], before[:3])) and restored[3] == before[3]
+    )
+    out["routed_after"] = swap.routed()
+    out["torch_after"] = not _fmesh_made(early.REGISTRY["mesh"]("cpu", (2, 4)))
+    out["torch_groups_after"] = new_groups[0] > out["torch_new_group"]
+    # Meshes made while routed keep fmesh's groups and methods.
+    out["kept"] = _fmesh_made(again["b"]) and _fmesh_made(
+        world._unflatten(0, (4, 2), ("p", "q"))
+    )
+    fmesh.destroy()
+    dist.destroy_process_group()
+    return out
+
+
+def test_route_reaches_every_holder_and_unroute_restores_torch(tmp_path: Path) -> None:
+    (tmp_path / "early_holder.py").write_text(EARLY)
+    (tmp_path / "late_holder.py").write_text(LATE)
+    job = run_spawn(routing_job, 1, str(tmp_path), tmp_path=tmp_path / "job", launch_env=False)
+    out = job.values()[0]
+    assert out["same_object"] and out["signature_kept"]
+    # Imported before route() or after, held by a dict, a partial, a default argument
+    # or a class: every call builds fmesh's mesh.
+    assert out["fmesh_made"] == dict.fromkeys(out["fmesh_made"], True)
+    assert len(out["fmesh_made"]) == 7
+    assert out["repeat"] == (0, True)
+    assert out["methods"] == (True, True, [0, 1, 4, 5])  # rank 5: y = 0
+    assert out["torch_new_group"] == 0
+    assert out["error"][0] == "DeviceMeshError"
+    assert out["error"][1].startswith("Each mesh_dim_name must be unique")
+    # unroute(): torch's code, defaults and attributes, the same function object.
+    assert out["restored"] and not out["routed_after"]
+    assert out["torch_after"] and out["torch_groups_after"]
+    assert out["kept"]
+
+
+def threaded_job(_: int, __: int) -> dict[int, Any]:
+    """Four ranks as threads on torch's threaded world, routed: the drop-in hands the
+    call to torch's own function, which must not come back to it."""
+    import threading
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from fmesh.device_mesh import route
+
+    c10d: Any = importlib.import_module("torch._C._distributed_c10d")
+    threaded: Any = importlib.import_module(
+        "torch.testing._internal.distributed.multi_threaded_pg"
+    )
+    c10d._set_thread_isolation_mode(True)
+    threaded._install_threaded_pg()
+    store = c10d.HashStore()
+    route()
+    results: dict[int, Any] = {}
+
+    def rank_main(rank: int) -> None:
+        try:
+            dist.init_process_group("threaded", rank=rank, world_size=4, store=store)
+            dm = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+            results[rank] = (dm.get_coordinate(), fmesh.cache_stats().created)
+        except BaseException as err:  # reported to the test
+            results[rank] = repr(err)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_routed_threaded_worlds_get_torchs_own_mesh(tmp_path: Path) -> None:
+    results = run_spawn(threaded_job, 1, tmp_path=tmp_path, launch_env=False).values()[0]
+    assert results == {r: ((r // 2, r % 2), 0) for r in range(4)}
+
+
+def test_a_torch_whose_function_is_not_plain_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch.distributed.device_mesh as device_mesh
+
+    from fmesh.device_mesh import route
+
+    wrapped = functools.partial(device_mesh.init_device_mesh)
+    monkeypatch.setattr(device_mesh, "init_device_mesh", wrapped)
+    with pytest.raises(RuntimeError, match="not torch's plain Python function: fmesh cannot"):
+        route()
+
+
+def _routing_trainer() -> None:
+    """Trainer code that routes itself, then builds a mesh with torch's function."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from fmesh.device_mesh import route
+
+    route()
+    init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+
+
+def plan_job(_: int, __: int) -> tuple[list[int], bool, bool]:
+    """``fmesh plan`` of code that calls route(): plan points torch's module attribute
+    at the drop-in for its run, and route() there must not route the drop-in itself."""
+    import torch.distributed.device_mesh as device_mesh
+
+    from fmesh._compat import swap
+
+    torch_fn = device_mesh.init_device_mesh
+    report = fmesh.plan(_routing_trainer, world=8, ranks=[0, 5])
+    return (
+        [r.created for r in report.ranks],
+        device_mesh.init_device_mesh is torch_fn,
+        swap.routed(),
+    )
+
+
+def test_route_inside_fmesh_plan_leaves_plans_routing_alone(tmp_path: Path) -> None:
+    created, restored, routed = run_spawn(
+        plan_job, 1, tmp_path=tmp_path, launch_env=False
+    ).values()[0]
+    assert created == [2, 2]  # each rank's dp and tp groups, made by fmesh
+    assert restored and not routed
+
+
+def foreign_job(_: int, __: int) -> str:
+    """Another library replaced the code after route(): unroute() leaves it."""
+    import torch.distributed.device_mesh as device_mesh
+
+    from fmesh.device_mesh import route, unroute
+
+    route()
+    fn: Any = device_mesh.init_device_mesh
+    fn.__code__ = (lambda *a, **k: None).__code__
+    try:
+        unroute()
+    except RuntimeError as err:
+        return str(err)
+    return "no error"
+
+
+def test_unroute_leaves_code_another_library_put_there(tmp_path: Path) -> None:
+    message = run_spawn(foreign_job, 1, tmp_path=tmp_path, launch_env=False).values()[0]
+    assert "another library replaced it after fmesh.device_mesh.route()" in message
+
+
+# -- real ranks: agreement and the memo ------------------------------------------------------
+
+
+def gloo_job(rank: int, world: int) -> dict[str, Any]:
+    """torch's function, routed: the memo, no torch new_group, and ranks that disagree
+    get fmesh's error instead of a hang."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from fmesh.device_mesh import route
+
+    route()
+    dist.init_process_group("gloo")
+    new_groups = count_new_group()
+    out: dict[str, Any] = {}
+    # Both calls create groups, so every rank agrees first (as test_dropin.py's).
+    names = ("a", "b") if rank == 0 else ("b", "a")
+    try:
+        init_device_mesh("cpu", (2, world // 2), mesh_dim_names=names)
+        out["error"] = None
+    except fmesh.MeshMismatchError as err:
+        out["error"] = str(err)
+    dm = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    created = fmesh.cache_stats().created
+    init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    out.update(
+        tp=dist.get_process_group_ranks(dm.get_group("tp")),
+        created=created,
+        repeat_created=fmesh.cache_stats().created - created,
+        new_group=new_groups[0],
+    )
+    return out
+
+
+def test_routed_calls_agree_and_hit_the_memo_on_gloo(tmp_path: Path) -> None:
+    outs = run_spawn(gloo_job, 4, tmp_path=tmp_path, timeout=90).values()
+    for rank, out in enumerate(outs):
+        assert out["tp"] == [rank // 2 * 2, rank // 2 * 2 + 1]
+        assert out["created"] == 2 and out["repeat_created"] == 0, out
+        assert out["new_group"] == 0
+        assert out["error"] is not None, rank
+        assert "Mesh(a=2, b=2)" in out["error"] and "Mesh(b=2, a=2)" in out["error"]
+
+
+# -- the command line ---------------------------------------------------------------------
+
+SCRIPT = """\
+import json, pickle, sys
+
+if __package__:  # run as a module (-m job.train)
+    from . import helper
+else:  # run as a script: its folder is first on sys.path
+    import helper
+
+
+class Point:
+    pass
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "exit":
+        sys.exit(3)
+    if sys.argv[1] == "raise":
+        helper.fail()
+    from fmesh._compat import swap
+
+    facts = {
+        "argv": sys.argv,
+        "path0": sys.path[0],
+        "file": __file__,
+        "helper": helper.VALUE,
+        "routed": swap.routed(),
+        "pickles": type(pickle.loads(pickle.dumps(Point()))).__name__,
+    }
+    print(json.dumps(facts))
+"""
+
+HELPER = """\
+VALUE = 7
+
+
+def fail():
+    raise ValueError("the script's own error")
+"""
+
+
+def _python(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> Path:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "train.py").write_text(SCRIPT)
+    (folder / "helper.py").write_text(HELPER)
+    return folder
+
+
+def test_python_m_fmesh_route_runs_a_script_as_python_runs_it(scripts: Path) -> None:
+    import json
+
+    here = scripts.parent  # run from elsewhere: the script's folder goes first
+    script = str(scripts / "train.py")
+    proc = _python("-m", "fmesh.route", "job/train.py", "ok", "--flag", cwd=here)
+    assert proc.returncode == 0, proc.stderr
+    facts = json.loads(proc.stdout)
+    assert facts == {
+        "argv": [script, "ok", "--flag"],  # argv[0] absolute, as __file__
+        "path0": str(scripts),
+        "file": script,
+        "helper": 7,
+        "routed": True,
+        "pickles": "Point",
+    }
+    proc = _python("-m", "fmesh.route", script, "exit", cwd=here)
+    assert proc.returncode == 3, proc.stderr
+    # The script's traceback as Python prints it: the same text, no frame of the runner.
+    ours = _python("-m", "fmesh.route", script, "raise", cwd=here)
+    plain = _python(script, "raise", cwd=here)
+    assert ours.returncode == plain.returncode == 1
+    assert ours.stderr == plain.stderr, ours.stderr
+    assert ours.stderr.startswith('Traceback (most recent call last):\n  File "' + script)
+    assert ours.stderr.endswith("ValueError: the script's own error\n")
+
+
+def test_python_m_fmesh_route_m_runs_a_module(scripts: Path) -> None:
+    import json
+
+    (scripts / "__init__.py").write_text("")
+    proc = _python("-m", "fmesh.route", "-mjob.train", "ok", cwd=scripts.parent)
+    assert proc.returncode == 0, proc.stderr
+    facts = json.loads(proc.stdout)
+    assert facts["argv"] == [str(scripts / "train.py"), "ok"]  # as python -m sets it
+    assert facts["routed"] and facts["pickles"] == "Point"
+    proc = _python("-m", "fmesh.route", "-m", "job.nosuch", cwd=scripts.parent)
+    assert proc.returncode == 1
+    assert proc.stderr == "python -m fmesh.route: No module named job.nosuch\n"
+
+
+def test_python_m_fmesh_route_says_how_to_call_it(tmp_path: Path) -> None:
+    proc = _python("-m", "fmesh.route", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: python -m fmesh.route")
+    proc = _python("-m", "fmesh.route", "--help", cwd=tmp_path)
+    assert proc.returncode == 0 and "torchrun [TORCHRUN ARGS] -m fmesh.route" in proc.stdout
+    proc = _python("-m", "fmesh.route", "--nproc-per-node", "2", "x.py", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "unknown option '--nproc-per-node': options go to torchrun" in proc.stderr
+    proc = _python("-m", "fmesh.route", "nosuch.py", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert f"can't open file {str(tmp_path / 'nosuch.py')!r}" in proc.stderr
+    proc = _python("-m", "fmesh.route", "-m", cwd=tmp_path)
+    assert proc.returncode == 2 and "-m needs a module name" in proc.stderr
