@@ -1,11 +1,13 @@
 """torchtitan's ``ParallelDims.build_mesh`` through the one-import change, against torch.
 
-The recipe is torchtitan's (commit b5bcd76c6, its default ``spmd_types`` backend),
-rewritten here call for call: a 1-d world mesh from ``init_device_mesh``, four
+The recipe is torchtitan's (commit b5bcd76c6), rewritten here call for call for both
+of its ``spmd_backend`` settings: a 1-d world mesh from ``init_device_mesh``,
 ``_unflatten`` calls of it with ``backend_override={dim: "fake"}`` for the dims
-torchtitan keeps without a real group, one ``_flatten`` of a slice, and the slices it
-keeps. The only thing that differs between the two sides is which ``init_device_mesh``
-makes the world mesh: torch's, or ``fmesh.device_mesh.init_device_mesh`` (the change a
+torchtitan keeps without a real group (four with ``spmd_types``, its default; three
+with ``partial_dtensor``, whose dense mesh folds dp_shard and cp into ``fsdp``), one
+``_flatten`` of a slice, and the slices it keeps (the gloo rows run ``spmd_types``).
+The only thing that differs between the two sides is which ``init_device_mesh`` makes
+the world mesh: torch's, or ``fmesh.device_mesh.init_device_mesh`` (the change a
 trainer makes by one import). Every call after it is torch's own ``DeviceMesh`` method,
 so these rows measure whatever fmesh does, or does not do, for meshes it made.
 
@@ -96,6 +98,8 @@ PLANS = {
 }
 WARM_UP_WORLD = 2**6
 LIBRARIES = ("fmesh", "torch")
+SPMD = ("spmd_types", "partial_dtensor")
+"""torchtitan's ``ParallelismConfig.spmd_backend`` values; the first is its default."""
 
 
 def init_device_mesh_of(impl: str) -> InitDeviceMesh:
@@ -115,13 +119,19 @@ def init_device_mesh_of(impl: str) -> InitDeviceMesh:
 
 
 def build_mesh(
-    init: InitDeviceMesh, world: int, config: Config, device_type: str = "cpu"
+    init: InitDeviceMesh,
+    world: int,
+    config: Config,
+    device_type: str = "cpu",
+    spmd: str = SPMD[0],
 ) -> dict[str, DeviceMesh]:
-    """torchtitan's ``ParallelDims.build_mesh`` (``spmd_types`` backend), call for call.
+    """torchtitan's ``ParallelDims.build_mesh`` with ``spmd_backend=spmd``, call for call.
 
     Returns every mesh it keeps: the world, its global meshes and its 1-d meshes
     (``"1d/<name>"``).
     """
+    if spmd not in SPMD:
+        raise ValueError(f"spmd must be one of {SPMD}, got {spmd!r}")
     c = config.resolved(world)
 
     def mesh_exist(name: str, degree: int) -> bool:  # ParallelDims._mesh_exist
@@ -144,13 +154,23 @@ def build_mesh(
         world_mesh, ("pp", "batch", "cp", "tp"), (c.pp, batch, c.cp, c.tp)
     )
     loss = torch_ref.flatten(dataloading, ("batch", "cp"), "loss_mesh")
-    dense = unflatten_mesh(
-        world_mesh,
-        ("pp", "dp_replicate", "dp_shard", "cp", "tp"),
-        (c.pp, c.dp_replicate, c.dp_shard, c.cp, c.tp),
-    )
-    fwdbwd = unflatten_mesh(world_mesh, ("pp", "dp", "cp", "tp"), (c.pp, batch, c.cp, c.tp))
-    spmd_dense = fwdbwd["dp", "cp", "tp"]
+    spmd_dense: DeviceMesh | None = None
+    if spmd == "spmd_types":
+        dense = unflatten_mesh(
+            world_mesh,
+            ("pp", "dp_replicate", "dp_shard", "cp", "tp"),
+            (c.pp, c.dp_replicate, c.dp_shard, c.cp, c.tp),
+        )
+        fwdbwd = unflatten_mesh(
+            world_mesh, ("pp", "dp", "cp", "tp"), (c.pp, batch, c.cp, c.tp)
+        )
+        spmd_dense = fwdbwd["dp", "cp", "tp"]
+    else:  # partial_dtensor folds dp_shard and cp into fsdp
+        dense = unflatten_mesh(
+            world_mesh,
+            ("pp", "dp_replicate", "fsdp", "tp"),
+            (c.pp, c.dp_replicate, c.dp_shard * c.cp, c.tp),
+        )
     sparse = unflatten_mesh(
         world_mesh, ("pp", "dp_replicate", "efsdp", "ep"), (c.pp, c.dp_replicate, efsdp, c.ep)
     )
@@ -160,10 +180,11 @@ def build_mesh(
         "loss": loss,
         "dense": dense,
         "sparse": sparse,
-        "spmd_dense_for_fwdbwd": spmd_dense,
     }
-    if c.ep > 1:
-        meshes["spmd_sparse_for_fwdbwd"] = sparse["dp_replicate", "efsdp", "ep"]
+    if spmd_dense is not None:
+        meshes["spmd_dense_for_fwdbwd"] = spmd_dense
+        if c.ep > 1:
+            meshes["spmd_sparse_for_fwdbwd"] = sparse["dp_replicate", "efsdp", "ep"]
     single = {
         "pp": dataloading["pp"],
         "batch": dataloading["batch"],
@@ -173,9 +194,11 @@ def build_mesh(
         "tp": dataloading["tp"],
         "ep": sparse["ep"],
         "efsdp": sparse["efsdp"],
-        "dp": spmd_dense["dp"],
-        "dp_shard": dense["dp_shard"],
     }
+    if spmd_dense is not None:
+        single.update(dp=spmd_dense["dp"], dp_shard=dense["dp_shard"])
+    else:
+        single["fsdp"] = dense["fsdp"]
     meshes.update({f"1d/{name}": mesh for name, mesh in single.items()})
     return meshes
 
@@ -203,12 +226,14 @@ def digest(description: Json) -> str:
     return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
 
 
-def measured_build(impl: str, world: int, config: Config) -> tuple[Json, object]:
+def measured_build(
+    impl: str, world: int, config: Config, spmd: str = SPMD[0]
+) -> tuple[Json, object]:
     """Run the recipe once, counted and timed; (figures, the meshes to keep alive)."""
     init = init_device_mesh_of(impl)
     with torch_ref.counting_group_creation() as counts:
         start = time.perf_counter()
-        meshes = build_mesh(init, world, config)
+        meshes = build_mesh(init, world, config, spmd=spmd)
         seconds = time.perf_counter() - start
     description = describe(meshes)
     figures: Json = {
@@ -230,8 +255,11 @@ def worker_fake(spec: Json) -> Json:
     """One library's ``build_mesh`` on a fake world, as rank 0, in this process."""
     impl: str = spec["impl"]
     world: int = spec["world"]
+    spmd: str = spec.get("spmd", SPMD[0])
     torch_ref.init_fake(WARM_UP_WORLD)
-    warm_up = build_mesh(init_device_mesh_of(impl), WARM_UP_WORLD, CONFIGS[WARM_UP_WORLD])
+    warm_up = build_mesh(
+        init_device_mesh_of(impl), WARM_UP_WORLD, CONFIGS[WARM_UP_WORLD], spmd=spmd
+    )
     del warm_up
     torch_ref.teardown()
     torch_ref.init_fake(world)
@@ -241,7 +269,7 @@ def worker_fake(spec: Json) -> Json:
     # fork, not of either library.
     gc.collect()
     gc.freeze()
-    figures, keep = measured_build(impl, world, CONFIGS[world])
+    figures, keep = measured_build(impl, world, CONFIGS[world], spmd)
     del keep
     return figures
 
@@ -272,20 +300,21 @@ def section(b: Bench) -> None:
     raw: Json = {
         "configs": {str(w): CONFIGS[w].resolved(w).label() for w in (*plan.fake, *plan.gloo)},
         "fake": {},
+        **{f"fake/{spmd}": {} for spmd in SPMD[1:]},
         "gloo": {},
     }
     b.raw["titan"] = raw
-    for world in plan.fake:
-        b.log(f"torchtitan build_mesh on fake at {world_str(world)} ranks ...")
-        runs: dict[str, list[Json]] = {impl: [] for impl in LIBRARIES}
-        for _ in range(plan.fake_repeats):
-            for impl in LIBRARIES:  # interleaved: the machine's load drifts
-                spec = {"impl": impl, "world": world}
-                runs[impl].append(run_worker(worker_fake, spec, 600))
-        raw["fake"][str(world)] = runs
-        _rows(
-            b, "fake", world, world_str(world), {k: [[r] for r in v] for k, v in runs.items()}
-        )
+    for spmd in SPMD:
+        for world in plan.fake:
+            b.log(f"torchtitan build_mesh ({spmd}) on fake at {world_str(world)} ranks ...")
+            runs: dict[str, list[Json]] = {impl: [] for impl in LIBRARIES}
+            for _ in range(plan.fake_repeats):
+                for impl in LIBRARIES:  # interleaved: the machine's load drifts
+                    spec = {"impl": impl, "world": world, "spmd": spmd}
+                    runs[impl].append(run_worker(worker_fake, spec, 600))
+            raw["fake" if spmd == SPMD[0] else f"fake/{spmd}"][str(world)] = runs
+            one_rank = {k: [[r] for r in v] for k, v in runs.items()}
+            _rows(b, "fake", world, world_str(world), one_rank, spmd)
     for world in plan.gloo:
         b.log(f"torchtitan build_mesh on gloo, {world} ranks ...")
         jobs: dict[str, list[list[Json]]] = {impl: [] for impl in LIBRARIES}
@@ -311,11 +340,17 @@ def _slowest(jobs: list[list[Json]], key: str) -> float:
     return float(statistics.median(max(r[key] for r in job) for job in jobs))
 
 
-def _rows(b: Bench, backend: str, world: int, label: str, jobs: dict[str, Any]) -> None:
+def _rows(
+    b: Bench, backend: str, world: int, label: str, jobs: dict[str, Any], spmd: str = SPMD[0]
+) -> None:
+    """The rows of one world; ``spmd`` other than torchtitan's default is named in the
+    rows' keys (``titan.fake.partial_dtensor.seconds``) and titles."""
     same = same_meshes(jobs)
-    b.raw["titan"].setdefault("same_meshes", {})[f"{backend}/{world}"] = same
+    tag = backend if spmd == SPMD[0] else f"{backend}.{spmd}"
+    flavour = "" if spmd == SPMD[0] else f" (spmd_backend={spmd})"
+    b.raw["titan"].setdefault("same_meshes", {})[f"{tag}/{world}"] = same
     if not same:
-        b.log(f"torchtitan {backend} {label}: fmesh and torch built DIFFERENT meshes")
+        b.log(f"torchtitan {tag} {label}: fmesh and torch built DIFFERENT meshes")
     config = CONFIGS[world].resolved(world).label()
     where = "one rank, fresh process" if backend == "fake" else "real gloo, slowest rank"
     check = SAME if same else "**meshes differ from torch's**"
@@ -333,9 +368,9 @@ def _rows(b: Bench, backend: str, world: int, label: str, jobs: dict[str, Any]) 
     for key, unit, what, note in figures:
         b.add(
             Row(
-                f"titan.{backend}.{key}",
+                f"titan.{tag}.{key}",
                 f"torchtitan ({backend})",
-                f"ParallelDims.build_mesh, one-import change: {what}",
+                f"ParallelDims.build_mesh{flavour}, one-import change: {what}",
                 label,
                 world,
                 unit,

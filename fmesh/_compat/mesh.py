@@ -33,9 +33,9 @@ Modes = tuple[tuple[int, int], ...]
 """One axis as (size, stride) modes, row-major, as ``fmesh.Layout.modes``."""
 GroupSpec = tuple[str, Any]
 """What a DeviceMesh needs of one dimension's group: its name and the group."""
-Known = tuple[tuple[int, ...] | None, tuple[int, ...]]
+Known = tuple[tuple[int, ...] | None, Sequence[int]]
 """What fmesh knows of a DeviceMesh it makes: this rank's coordinate (``None`` off the
-mesh) and the root's rank map as a tuple (torch's ``_flatten_rank_map``)."""
+mesh) and the root's rank map as torch's ``_flatten_rank_map`` (``SharedRanks``)."""
 
 
 def _mesh_layout_module() -> Any:
