@@ -93,8 +93,8 @@ def device_mesh_axes(device_mesh: DeviceMesh) -> list[Modes]:
 
 def layout_axes(layout: Any) -> list[Modes]:
     """Each dimension of a torch mesh layout as (size, stride) modes."""
-    if torch_version() >= (2, 13):
-        return [_flat_modes(ax.shape, ax.stride) for ax in layout]
+    if torch_version() >= (2, 13):  # each axis a _FlatLayout: flat tuples of ints
+        return [tuple(zip(ax.shape, ax.stride, strict=True)) for ax in layout]
     return [_flat_modes(layout[i].shape, layout[i].stride) for i in range(len(layout))]
 
 

@@ -153,9 +153,9 @@ class _Recorder:
 _active: list[_Recorder] = []
 
 
-def _on_call(number: int, code: int, summary: object, history: str) -> None:
+def _on_call(number: int, code: int, summary: object, history: Callable[[], str]) -> None:
     if _active:
-        _active[-1].calls.append(PlannedCall(number, code, str(summary), history))
+        _active[-1].calls.append(PlannedCall(number, code, str(summary), history()))
 
 
 def _on_realized(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:

@@ -43,7 +43,7 @@ _loss_hooks: list[Callable[[], None]] = []
 _dead_hooks: list[Callable[[frozenset[int]], None]] = []
 _realized_hooks: list[Realized] = []
 _device_mesh: list[ToDeviceMesh] = []
-CreatingCall = Callable[[int, int, object, str], None]
+CreatingCall = Callable[[int, int, object, Callable[[], str]], None]
 _creating_call_hooks: list[CreatingCall] = []
 
 
@@ -76,8 +76,9 @@ def on_creating_call(hook: CreatingCall) -> None:
     """Call ``hook(number, code, summary, history)`` for every realize call that
     agrees before creating groups (on a fake world too, where nothing is published):
     its number, the code the ranks must publish alike, the call in words (``str()`` of
-    ``summary``) and the memo hits since the previous one, in words. ``fmesh plan``
-    compares ranks with it. Runs outside the memo lock."""
+    ``summary``) and what gives the memo hits since the previous one in words (a
+    call: built only where a hook wants them). ``fmesh plan`` compares ranks with it.
+    Runs outside the memo lock."""
     _creating_call_hooks.append(hook)
 
 
@@ -96,7 +97,9 @@ def run_loss_hooks() -> None:
         hook()
 
 
-def run_creating_call_hooks(number: int, code: int, summary: object, history: str) -> None:
+def run_creating_call_hooks(
+    number: int, code: int, summary: object, history: Callable[[], str]
+) -> None:
     for hook in _creating_call_hooks:
         hook(number, code, summary, history)
 

@@ -172,9 +172,8 @@ def _realize_new(args: Arguments) -> RealizedMesh:
     start = time.perf_counter()
     call = expand(args)
     if call.agrees:  # fmesh plan compares these across ranks, fake worlds included
-        run_creating_call_hooks(
-            call.turn.number, call.turn.code, call.summary, call.turn.history
-        )
+        turn = call.turn
+        run_creating_call_hooks(turn.number, turn.code, call.summary, lambda: turn.history)
     world, me = call.world, call.world.rank
     ticket: _agree.Ticket | None = None
     if call.agrees and not world.fake and world.size > 1:

@@ -10,12 +10,14 @@ Pure Python; the caller holds the memo lock around every method.
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import contextvars
 import hashlib
+import sys
 import urllib.parse
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 import attrs
@@ -102,6 +104,18 @@ def digest(*parts: object) -> str:
     return hashlib.sha1(repr(parts).encode(), usedforsecurity=False).hexdigest()
 
 
+def ranks_digest(ranks: tuple[int, ...], *parts: object) -> str:
+    """``digest`` of a group's ranks and ``parts``: the ranks packed as little-endian
+    64-bit words, in C (the ``repr`` of a group of thousands of ranks costs about a
+    millisecond)."""
+    packed = array.array("q", ranks)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    code = hashlib.sha1(packed.tobytes(), usedforsecurity=False)
+    code.update(repr(parts).encode())
+    return code.hexdigest()
+
+
 def call_code(*parts: object) -> int:
     """A 64-bit code of a call, equal on every rank for equal parts.
 
@@ -130,8 +144,26 @@ class Turn:
     """The call's number among the agreed calls (0: it agrees with nobody)."""
     code: int
     """What the ranks agree on: the call's code after the history it carries."""
-    history: str
-    """The calls since the last agreement, in words (for messages)."""
+    hits: int = 0
+    """The memoized calls since the last agreement."""
+    recent: tuple[object, ...] = ()
+    """The summaries of the last of them."""
+
+    @property
+    def history(self) -> str:
+        """The calls since the last agreement, in words (for messages; built only
+        when one is needed)."""
+        return _describe(self.hits, self.recent)
+
+
+def _describe(hits: int, recent: Sequence[object]) -> str:
+    if not hits:
+        return ""
+    shown = "; ".join(map(str, recent))
+    if hits > len(recent):
+        shown = f"the last {len(recent)}: {shown}"
+    calls = "call" if hits == 1 else "calls"
+    return f"{hits} memoized realize {calls} ({shown})"
 
 
 @attrs.define
@@ -221,9 +253,9 @@ class Stream(Generic[T]):
         """
         if not agrees:
             self.hit(code, summary)
-            return Turn(0, 0, "")
-        number, history, text = self.number()
-        return Turn(number, combine(history, code), text)
+            return Turn(0, 0)
+        number, history, hits, recent = self.number()
+        return Turn(number, combine(history, code), hits, recent)
 
     def hit(self, code: int, summary: object) -> None:
         """Record a call that agreed with nobody (a memo hit)."""
@@ -231,11 +263,12 @@ class Stream(Generic[T]):
         self.hits += 1
         self.recent.append(summary)
 
-    def number(self) -> tuple[int, int, str]:
+    def number(self) -> tuple[int, int, int, tuple[object, ...]]:
         """Number the next agreed call: (its number, the history hash it carries, the
-        history in words); the history starts again after it."""
+        memoized calls since the last agreement and the last of their summaries); the
+        history starts again after it."""
         self.agreed += 1
-        out = (self.agreed, self.history, self.describe_history())
+        out = (self.agreed, self.history, self.hits, tuple(self.recent))
         self.history, self.hits = 0, 0
         self.recent.clear()
         return out
@@ -247,10 +280,4 @@ class Stream(Generic[T]):
         >>> s.describe_history()
         '2 memoized realize calls (Mesh(a=2); Mesh(b=2))'
         """
-        if not self.hits:
-            return ""
-        shown = "; ".join(map(str, self.recent))
-        if self.hits > len(self.recent):
-            shown = f"the last {len(self.recent)}: {shown}"
-        calls = "call" if self.hits == 1 else "calls"
-        return f"{self.hits} memoized realize {calls} ({shown})"
+        return _describe(self.hits, self.recent)
