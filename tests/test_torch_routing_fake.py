@@ -4,8 +4,10 @@ know). Each job runs in a fresh process: the routing is installed once per proce
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,38 @@ def _answers(views: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def counting_world_work(world: int) -> Iterator[list[int]]:
+    """Counts, in ``[0]``, the O(world) steps of building a DeviceMesh: torch's search
+    of a mesh tensor for this rank's coordinate (getting a slice's tensor searches the
+    world's; a one-rank mesh, as fmesh's probe of torch's fields, is not counted), and
+    a world-sized tensor made a list."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    seen = [0]
+    cls: Any = DeviceMesh
+    tensor: Any = torch.Tensor
+    search = cls.__dict__["_compute_coordinates_from_mesh"]
+    tolist = tensor.tolist
+
+    def counted_search(mesh: torch.Tensor, *args: Any) -> Any:
+        seen[0] += mesh.numel() > 1
+        return search.__func__(mesh, *args)
+
+    def counted_tolist(self: torch.Tensor) -> Any:
+        seen[0] += self.numel() >= world
+        return tolist(self)
+
+    cls._compute_coordinates_from_mesh = staticmethod(counted_search)
+    tensor.tolist = counted_tolist
+    try:
+        yield seen
+    finally:
+        cls._compute_coordinates_from_mesh = search
+        tensor.tolist = tolist
+
+
 def big_world_job(_: int, __: int) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh as torch_init
@@ -71,11 +105,20 @@ def big_world_job(_: int, __: int) -> dict[str, Any]:
     from fmesh.device_mesh import init_device_mesh
 
     fmesh.init_fake_world(BIG, RANK)
-    theirs = _answers(titan_views(torch_init, BIG))
+    with counting_world_work(BIG) as torch_work:
+        torch_views = titan_views(torch_init, BIG)
+    theirs = _answers(torch_views)
     new_groups = count_new_group()
     created = fmesh.cache_stats().created
-    views = titan_views(init_device_mesh, BIG)
+    with counting_world_work(BIG) as work:
+        views = titan_views(init_device_mesh, BIG)
     flat = views["root"]._flatten_rank_map
+    # Read before anything hashes or compares a mesh (the answers below do).
+    flat_in_n = {
+        "searches": (work[0], torch_work[0]),
+        "rank_tuple_built": flat.built,
+        "one_rank_map": all(dm._rank_map is views["root"]._rank_map for dm in views["all"]),
+    }
     groups = {id(dm.get_group()): dm.get_group() for dm in views["singles"].values()}
     default = dist.group.WORLD
     return {
@@ -85,6 +128,7 @@ def big_world_job(_: int, __: int) -> dict[str, Any]:
         "distinct": len([g for g in groups.values() if g is not default]),
         # One rank-map tuple for every mesh under the root: nothing copied per slice.
         "shared": all(dm._flatten_rank_map is flat for dm in views["all"]),
+        **flat_in_n,
     }
 
 
@@ -98,6 +142,12 @@ def test_a_big_fake_world_answers_as_torch_with_only_this_ranks_groups(tmp_path:
     # mesh's group, less the default group); the multi-axis views add none.
     assert out["created"] == out["distinct"] > 0, out
     assert out["shared"] is True
+    # Flat in N: no mesh searched or listed the world (torch's own build does, so the
+    # counter counts), the tuple of the world's ranks was not built, one rank map.
+    ours, torch_searches = out["searches"]
+    assert ours == 0 and torch_searches > 0, out["searches"]
+    assert out["rank_tuple_built"] is False
+    assert out["one_rank_map"] is True
 
 
 def stepping_aside_job(_: int, __: int, how: str) -> dict[str, Any]:

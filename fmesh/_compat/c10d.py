@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 
 @functools.cache
+@functools.cache
 def torch_version() -> tuple[int, int]:
     """(major, minor) of the installed torch."""
     import torch
@@ -159,7 +160,7 @@ def new_named_group(
     if member is None or me not in ranks:
         return None
     # Keep coordinate order: torch reads group ranks from this table.
-    c10d._world.pg_group_ranks[member] = {g: i for i, g in enumerate(ranks)}
+    c10d._world.pg_group_ranks[member] = dict(zip(ranks, range(len(ranks))))
     return member
 
 

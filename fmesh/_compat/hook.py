@@ -28,7 +28,7 @@ from .c10d import torch_version
 from .mesh import init_fields, layout_axes
 from .spaces import (
     BackendConfigs,
-    RankTuple,
+    SharedRanks,
     Space,
     View,
     register_space,
@@ -38,7 +38,7 @@ from .spaces import (
 )
 
 __all__ = [
-    "RankTuple",
+    "SharedRanks",
     "Space",
     "install",
     "installed",

@@ -33,9 +33,9 @@ Modes = tuple[tuple[int, int], ...]
 """One axis as (size, stride) modes, row-major, as ``fmesh.Layout.modes``."""
 GroupSpec = tuple[str, Any]
 """What a DeviceMesh needs of one dimension's group: its name and the group."""
-Known = tuple[tuple[int, ...] | None, tuple[int, ...]]
+Known = tuple[tuple[int, ...] | None, Sequence[int]]
 """What fmesh knows of a DeviceMesh it makes: this rank's coordinate (``None`` off the
-mesh) and the root's rank map as a tuple (torch's ``_flatten_rank_map``)."""
+mesh) and the root's rank map as torch's ``_flatten_rank_map`` (``SharedRanks``)."""
 
 
 def _mesh_layout_module() -> Any:
@@ -93,8 +93,8 @@ def device_mesh_axes(device_mesh: DeviceMesh) -> list[Modes]:
 
 def layout_axes(layout: Any) -> list[Modes]:
     """Each dimension of a torch mesh layout as (size, stride) modes."""
-    if torch_version() >= (2, 13):
-        return [_flat_modes(ax.shape, ax.stride) for ax in layout]
+    if torch_version() >= (2, 13):  # each axis a _FlatLayout: flat tuples of ints
+        return [tuple(zip(ax.shape, ax.stride, strict=True)) for ax in layout]
     return [_flat_modes(layout[i].shape, layout[i].stride) for i in range(len(layout))]
 
 

@@ -3,15 +3,16 @@
 ``hook.py`` asks this registry whether a rank-map tensor (or a view of one) is
 fmesh's: a table keyed by the tensor's ``id`` and checked against a weak reference,
 so a tensor that died and whose id was reused never matches, and one keyed by its
-storage for views (FSDP2's ``mesh.mesh.view(-1, r)``).
+storage for views (FSDP2's ``mesh.mesh.view(-1, r)``). ``SharedRanks`` is the rank map
+as every DeviceMesh of a space holds it for torch's ``==`` and ``hash``.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from .mesh import GroupSpec, Modes
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackendConfigs",
-    "RankTuple",
+    "SharedRanks",
     "Space",
     "View",
     "register_space",
@@ -37,9 +38,9 @@ class Space(Protocol):
     """What fmesh knows of one rank space it made DeviceMeshes over."""
 
     @property
-    def flat(self) -> tuple[int, ...]:
-        """The rank map as a tuple (torch's ``_flatten_rank_map``), one object shared
-        by every DeviceMesh over it."""
+    def flat(self) -> SharedRanks:
+        """The rank map as torch's ``_flatten_rank_map``, one object shared by every
+        DeviceMesh over it."""
 
     def coordinate(
         self, axes: Sequence[Modes], rank: int | None = None
@@ -59,25 +60,75 @@ class Space(Protocol):
         index ``offset``; ``None`` where no instance of a mesh over this space does."""
 
 
-class RankTuple(tuple[int, ...]):
-    """A rank map shared by every DeviceMesh of a root: equal to itself at once and
-    hashed once (a plain tuple compares and hashes all of its O(world) items each
-    time torch checks ``mesh != root`` or hashes a mesh). Pickles as a plain tuple."""
+class SharedRanks(Sequence[int]):
+    """A rank map as torch's ``_flatten_rank_map`` holds it, one object shared by every
+    DeviceMesh of a rank space, equal to and hashed as the tuple of its ranks.
+
+    torch only compares it (``DeviceMesh.__eq__``, so every slice's ``mesh != root``
+    check, and ``_concatenate``), hashes it and hands it to ``torch.compile``'s guards.
+    Against itself ``==`` answers at once; the tuple of the whole world is built the
+    first time something needs its values (a hash, a comparison with another tuple),
+    once per space, not with each DeviceMesh. It pickles and copies as that plain tuple.
+    """
+
+    __slots__ = ("_hash", "_ranks", "_size")
+
+    def __init__(self, size: int, ranks: tuple[int, ...] | None) -> None:
+        self._size = size
+        self._ranks = ranks
+        """The ranks, or ``None`` for ``0..size-1`` not built yet."""
+        self._hash: int | None = None
+
+    @property
+    def built(self) -> bool:
+        """Whether the tuple of the ranks exists (given, or built by ``values``)."""
+        return self._ranks is not None
+
+    def values(self) -> tuple[int, ...]:
+        """The ranks as a tuple (built once: two threads at once build equal ones)."""
+        ranks = self._ranks
+        if ranks is None:
+            ranks = self._ranks = tuple(range(self._size))
+        return ranks
+
+    def __len__(self) -> int:
+        return self._size
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[int, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> int | tuple[int, ...]:
+        return self.values()[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self._size) if self._ranks is None else self._ranks)
 
     def __eq__(self, other: object) -> bool:
-        return self is other or tuple.__eq__(self, other)
+        if self is other:
+            return True
+        if isinstance(other, SharedRanks):
+            return self._size == other._size and self.values() == other.values()
+        if isinstance(other, tuple):
+            return len(other) == self._size and self.values() == other
+        return NotImplemented
 
     def __ne__(self, other: object) -> bool:
-        return self is not other and tuple.__ne__(self, other)
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
 
     def __hash__(self) -> int:
-        cached: int | None = self.__dict__.get("hash")
-        if cached is None:
-            cached = self.__dict__["hash"] = tuple.__hash__(self)
-        return cached
+        if self._hash is None:
+            self._hash = hash(self.values())
+        return self._hash
+
+    def __repr__(self) -> str:
+        return repr(self.values())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return tuple, (tuple(self),)
+        return tuple, (self.values(),)
 
 
 _lock = threading.Lock()

@@ -70,11 +70,12 @@ def check_names(names: object) -> tuple[str, ...]:
     if not isinstance(names, tuple):
         raise TypeError(f"axis_names must be a tuple of str, got {names!r}")
     for name in names:
-        check_axis_name(
-            name,
-            context=f" in {names!r}",
-            if_empty=f", got {names!r}; name every axis, e.g. ('dp', 'tp')",
-        )
+        if type(name) is not str or not name:  # the messages are built only here
+            check_axis_name(
+                name,
+                context=f" in {names!r}",
+                if_empty=f", got {names!r}; name every axis, e.g. ('dp', 'tp')",
+            )
     seen: set[str] = set()
     for name in names:
         if name in seen:

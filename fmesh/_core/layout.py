@@ -16,6 +16,8 @@ Every operation here costs O(number of modes); nothing enumerates a rank space e
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from typing import final
@@ -140,8 +142,10 @@ class Layout:
 
     @classmethod
     def _from_modes(cls, modes: Iterable[Mode]) -> Layout:
-        canon = _coalesce(modes)
-        return cls(tuple(s for s, _ in canon), tuple(d for _, d in canon))
+        """The canonical layout of ``modes`` (ints), one value per distinct ``modes``:
+        the same axes recur in every mesh a trainer builds, and checking a new layout
+        costs more than the rest of a mesh."""
+        return _canonical(tuple(modes))
 
     @property
     def modes(self) -> tuple[Mode, ...]:
@@ -177,10 +181,12 @@ class Layout:
         return index
 
     def values(self) -> list[int]:
-        """Every index in coordinate order (O(size))."""
+        """Every index in coordinate order (O(size), the innermost mode's runs as
+        ranges: a group of thousands of ranks is listed at C speed)."""
         out = [0]
         for size, stride in self.modes:
-            out = [base + k * stride for base in out for k in range(size)]
+            span = size * stride
+            out = list(itertools.chain.from_iterable(range(b, b + span, stride) for b in out))
         return out
 
     def coordinate_of(self, index: int) -> int:
@@ -320,6 +326,12 @@ def row_major(sizes: Sequence[int]) -> tuple[Layout, ...]:
         Layout._from_modes([(s, d)])
         for s, d in zip(sizes_t, _row_major_strides(sizes_t), strict=True)
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _canonical(modes: tuple[Mode, ...]) -> Layout:
+    canon = _coalesce(modes)
+    return Layout(tuple(s for s, _ in canon), tuple(d for _, d in canon))
 
 
 def complement_modes(modes: Iterable[Mode], index_size: int) -> tuple[Mode, ...]:

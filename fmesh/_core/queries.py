@@ -7,6 +7,7 @@ inverted once per rank-map object.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -107,11 +108,15 @@ def group(mesh: Mesh, axis_name: str, rank: int) -> tuple[int, ...]:
 
 def _members(mesh: Mesh, layout: Layout, index: int) -> tuple[int, ...]:
     """Global ranks of the group along ``layout`` that holds ``index``."""
-    base = layout.group_base(index)
+    indices = [layout.group_base(index)]
+    for size, stride in layout.modes:  # each mode's runs as ranges: C speed
+        span = size * stride
+        indices = list(
+            itertools.chain.from_iterable(range(b, b + span, stride) for b in indices)
+        )
     if mesh.rank_map is None:
-        return tuple(base + v for v in layout.values())
-    rmap = mesh.rank_map
-    return tuple(rmap[base + v] for v in layout.values())
+        return tuple(indices)
+    return tuple(map(mesh.rank_map.__getitem__, indices))
 
 
 def placement(

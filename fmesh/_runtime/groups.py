@@ -26,7 +26,7 @@ from . import agreement as _agree
 from . import liveness
 from .launch import World, serves
 from .memo import GroupKey, state
-from .stream import digest
+from .stream import ranks_digest
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -199,7 +199,7 @@ def _shrunk(key: GroupKey) -> ProcessGroup | None:
 
 
 def _group_name(ranks: tuple[int, ...], backend: str, options_id: int) -> str:
-    name = f"fmesh_g{state.generation}_{digest(ranks, backend, options_id)[:20]}"
+    name = f"fmesh_g{state.generation}_{ranks_digest(ranks, backend, options_id)[:20]}"
     # A group made again after the first died gets a name (and rendezvous keys) of its
     # own; every member forgot the dead one alike.
     again = state.reborn.get((ranks, backend, options_id), 0)

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, final
 
-from .._compat.hook import RankTuple, install, register_space, unregister_space
+from .._compat.hook import SharedRanks, install, register_space, unregister_space
 from .._compat.mesh import GroupSpec, Modes
 from .._core.errors import MeshError
 from .._core.layout import Layout
@@ -79,18 +79,22 @@ class TorchSpace:
         rank_map: tuple[int, ...] | None,
         timeout: datetime.timedelta | None = None,
     ) -> None:
+        import numpy as np
         import torch
 
         self.index_size = index_size
         self.rank_map = rank_map
         self.timeout = timeout
         """Given to every realize call for the meshes over this space."""
-        if rank_map is None:
-            self.tensor: torch.Tensor = torch.arange(index_size, dtype=torch.int)
-            self._flat = RankTuple(range(index_size))
-        else:
-            self.tensor = torch.tensor(rank_map, dtype=torch.int)
-            self._flat = RankTuple(rank_map)
+        # From numpy: torch's own arange spreads 2^17 ints over its thread pool, which
+        # costs milliseconds on a loaded machine.
+        ranks = (
+            np.arange(index_size, dtype=np.int32)
+            if rank_map is None
+            else np.fromiter(rank_map, dtype=np.int32, count=index_size)
+        )
+        self.tensor: torch.Tensor = torch.from_numpy(ranks)
+        self._flat = SharedRanks(index_size, rank_map)
         # A cache of values, least recently used dropped first: bounded however many
         # roots with other names come and go (dropping one only costs a rebuild).
         self._meshes: collections.OrderedDict[
@@ -98,7 +102,7 @@ class TorchSpace:
         ] = collections.OrderedDict()
 
     @property
-    def flat(self) -> tuple[int, ...]:
+    def flat(self) -> SharedRanks:
         return self._flat
 
     def mesh(self, axes: Sequence[Modes], names: Sequence[Any] | None = None) -> Mesh | None:
