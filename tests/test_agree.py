@@ -321,7 +321,9 @@ def test_census_of_many_ranks_reads_the_list_once() -> None:
     _master, port = _store_port()
     world, missing = 32, (5, 17, 30)
     stores = {r: OwnClient(_tcp(port)) for r in range(world) if r not in missing}
-    timeout = datetime.timedelta(seconds=1)
+    # Long enough for 29 threads to arrive on a loaded machine (a live rank that has
+    # not arrived by the timeout is named with the missing ones).
+    timeout = datetime.timedelta(seconds=4)
 
     def play(r: int) -> Callable[[], object]:
         return lambda: _agree_call(stores[r], r, world, 1, 1, timeout=timeout)
