@@ -206,7 +206,9 @@ def test_missing_rank_named_who_read_once_late_rank_raises(tmp_path: Path) -> No
                 in out["message"]
             )
         else:
-            assert timeout_s - 0.2 < out["elapsed"] < timeout_s + SURFACE, out
+            # A waiting rank raises when the first rank's timeout fires: its own clock
+            # started up to a process start-up later on a loaded machine.
+            assert timeout_s - 1.0 < out["elapsed"] < timeout_s + SURFACE, out
         assert f"ranks [{late}] never reached call #1 of 's' within 2s" in out["message"], out
     # One rank (the coordinator) read the list of arrivals, once.
     assert sum(out["who_reads"] for out in outs) == 1, outs
