@@ -10,8 +10,10 @@ Usage (torch's test file is not part of fmesh; keep it outside the repository)::
 It copies the given file into a fresh temporary folder (the original may be
 read-only) together with ``<name>_dropin.py`` -- the same file with one line added
 after torch's import, ``from fmesh.device_mesh import init_device_mesh``, so every
-test (and every rank it spawns) calls fmesh's -- runs both with pytest (needs
-``expecttest``; ``-k`` is pytest's), and prints the pass counts and every test that
+test (and every rank it spawns) calls fmesh's -- runs the drop-in copy with pytest
+(needs ``expecttest``; ``-k`` is pytest's), then plain torch's copy on the tests the
+drop-in did not pass (only those can pass on plain torch alone; ``--full`` runs plain
+torch on every test, for its counts), and prints the pass counts and every test that
 passes on plain torch but not with the drop-in. Exit status 1 if there is one.
 ``--dropin-only`` runs the drop-in copy alone and fails on any test that does not
 pass or skip. ``--route`` runs ``<name>_routed.py`` instead of the drop-in copy: the
@@ -82,7 +84,7 @@ def outcomes(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> dict
     """Run pytest with ``args`` in ``cwd``; each test's outcome (PASSED, FAILED,
     SKIPPED, ERROR) by its name. The whole output goes to ``log``."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *args, "-q", "-rA", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", *args, "-v", "-rA", "-p", "no:cacheprovider"],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -92,29 +94,43 @@ def outcomes(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> dict
     log.write_text(proc.stdout + proc.stderr)
     found: dict[str, str] = {}
     for line in proc.stdout.splitlines():
-        match = re.match(r"(PASSED|FAILED|ERROR|SKIPPED) \S+?::(\S+)", line)
+        # -v's progress lines name every test, skipped ones too ("FILE::TEST SKIPPED");
+        # -rA's summary names failed and passed ones ("FAILED FILE::TEST - why").
+        match = re.match(r"\S+?::(\S+) (PASSED|FAILED|ERROR|SKIPPED)\b", line)
+        if match:
+            found.setdefault(match.group(1), match.group(2))
+        match = re.match(r"(PASSED|FAILED|ERROR) \S+?::(\S+)", line)
         if match:
             found[match.group(2)] = match.group(1)
     return found
 
 
 def run(
-    path: Path, select: str | None = None, logs: Path | None = None, *first: Path
+    path: Path,
+    select: str | None = None,
+    logs: Path | None = None,
+    *first: Path,
+    only: list[str] | None = None,
 ) -> dict[str, str]:
-    """Each test's outcome in torch's test file ``path`` (those matching ``-k select``),
-    ``first`` and fmesh on the import path; the log is ``<logs>/<name>.log``."""
+    """Each test's outcome in torch's test file ``path`` (those matching ``-k select``,
+    or the tests named in ``only``, as ``Class::test``), ``first`` and fmesh on the
+    import path; the log is ``<logs>/<name>.log``."""
     paths = [*map(str, first), str(ROOT), os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
     env.setdefault("CUDA_VISIBLE_DEVICES", "")  # the file runs on CPU with gloo
-    args = [path.name] + ([] if select is None else ["-k", select])
+    if only is not None:
+        args = [f"{path.name}::{test}" for test in only]
+    else:
+        args = [path.name] + ([] if select is None else ["-k", select])
     log = (logs or path.parent) / f"{path.stem}.log"
     return outcomes(args, path.parent, env, log)
 
 
 def _counts(name: str, results: dict[str, str]) -> str:
-    # pytest's -rA lines name skipped tests by file and line only: not counted here.
     n = {k: sum(v == k for v in results.values()) for k in ("PASSED", "FAILED", "ERROR")}
-    return f"{name}: {n['PASSED']} passed, {n['FAILED'] + n['ERROR']} failed"
+    skipped = sum(v == "SKIPPED" for v in results.values())
+    failed = n["FAILED"] + n["ERROR"]
+    return f"{name}: {n['PASSED']} passed, {failed} failed, {skipped} skipped"
 
 
 def main(argv: list[str]) -> int:
@@ -126,6 +142,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dropin-only", action="store_true", help="run the drop-in copy only")
     parser.add_argument(
         "--route", action="store_true", help="fmesh.device_mesh.route() instead of the drop-in"
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="plain torch on every test, not only those the drop-in did not pass",
     )
     parser.add_argument("--logs", type=Path, help="folder for the pytest logs")
     args = parser.parse_args(argv)
@@ -139,7 +160,13 @@ def main(argv: list[str]) -> int:
             dropin = run(dropin_file, args.select, logs, overlay)
         else:
             dropin = run(dropin_file, args.select, logs)
-        plain = {} if args.dropin_only else run(plain_file, args.select, logs)
+        missed = sorted(t for t, r in dropin.items() if r != "PASSED")
+        if args.dropin_only:
+            plain = {}
+        elif args.full or not dropin:
+            plain = run(plain_file, args.select, logs)
+        else:
+            plain = run(plain_file, args.select, logs, only=missed) if missed else {}
     finally:
         if args.logs:
             shutil.rmtree(folder, ignore_errors=True)
@@ -156,10 +183,12 @@ def main(argv: list[str]) -> int:
         return 1 if bad or not dropin else 0
     for name, results in (("plain torch", plain), (mode, dropin)):
         print(_counts(name, results))
-    if not any(r == "PASSED" for r in plain.values()):
+    if not args.full:
+        print("(plain torch ran only the tests the drop-in did not pass; --full runs all)")
+    if not any(r == "PASSED" for r in (*plain.values(), *dropin.values())):
         # A file that does not load (e.g. one written for another torch) runs nothing:
         # that is no evidence, so it must not read as a pass.
-        print(f"no test passed on plain torch: see {plain_file.stem}.log")
+        print(f"no test passed: see {plain_file.stem}.log and {dropin_file.stem}.log")
         return 1
     for test in sorted(t for t, r in plain.items() if r in ("FAILED", "ERROR")):
         print(f"fails on plain torch too: {test} ({plain[test]})")
