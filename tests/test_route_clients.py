@@ -17,7 +17,9 @@ import importlib
 import json
 import os
 import runpy
+import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,16 @@ def plain_script(rank: int, world: int, out: Path) -> None:
     runpy.run_path(str(SCRIPT), run_name="__main__")
 
 
+NATIVE_ABORT = "terminate called without an active exception"
+
+
+def _told(proc: subprocess.CompletedProcess[str]) -> str:
+    """A failed job's stderr without DTensor's redistribution warnings (one per rank
+    per step), so the failure shows."""
+    lines = proc.stderr.splitlines()
+    return "\n".join(line for line in lines if "_redistribute.py" not in line)
+
+
 def _ranks(folder: Path) -> list[dict[str, Any]]:
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
@@ -54,7 +66,15 @@ def test_torchtitans_training_routed_with_no_import_changed(tmp_path: Path) -> N
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     proc, elapsed = run_command(cmd, ROOT, TIMEOUT_S, env)
-    assert proc.returncode == 0, f"exit {proc.returncode} after {elapsed:.0f}s:\n{proc.stderr}"
+    if proc.returncode != 0 and NATIVE_ABORT in proc.stderr:
+        # torch's gloo aborts a rank so now and then, without fmesh too (seen in CI
+        # once on torch 2.11; docs/troubleshooting.md): the job runs once more, and a
+        # second abort fails the test.
+        warnings.warn(
+            f"a rank aborted natively ({NATIVE_ABORT!r}); the job ran again", stacklevel=1
+        )
+        proc, elapsed = run_command(cmd, ROOT, TIMEOUT_S, env)
+    assert proc.returncode == 0, f"exit {proc.returncode} after {elapsed:.0f}s:\n{_told(proc)}"
     job = run_spawn(plain_script, WORLD, plain, tmp_path=tmp_path / "job", timeout=150)
     assert all(o.ok for o in job.outcomes), job.describe()
     for rank, (ours, theirs) in enumerate(zip(_ranks(routed), _ranks(plain), strict=True)):
