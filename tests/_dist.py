@@ -24,6 +24,7 @@ import os
 import pickle
 import signal
 import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -269,3 +270,19 @@ def run_command(
             pytest.fail(f"{' '.join(cmd)} ran past {timeout}s:\n{out}{err}")
     proc = subprocess.CompletedProcess(list(cmd), child.returncode, out, err)
     return proc, time.monotonic() - start
+
+
+def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``python -m fmesh ARGS`` from the repository root, this checkout's fmesh first
+    on the path, no CUDA device; the completed process (never raises on its status)."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run(
+        [sys.executable, "-m", "fmesh", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from _dist import run_cli
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import tiling_layouts
@@ -22,17 +23,6 @@ from fmesh._core.hosts import crossing_groups
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_ARGS = ("describe", "pp=2,dp=2,tp=4", "--rank", "5", "--local-world-size", "4")
 EXAMPLE_CMD = 'python -m fmesh describe "pp=2,dp=2,tp=4" --rank 5 --local-world-size 4'
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fmesh", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def ok(*args: str) -> str:

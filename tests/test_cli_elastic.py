@@ -7,10 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
+from _dist import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import lost_sets, spare_maps
-from test_cli import assert_shows, grid, ok, parse_ranks, run_cli, run_main, table
+from test_cli import assert_shows, grid, ok, parse_ranks, run_main, table
 
 import fmesh
 from fmesh._cli.args import Edits

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _dist import run_cli
 
 import fmesh
 from fmesh._plan.render import JSON_MEMBERS, plan_json, plan_text
@@ -32,19 +33,6 @@ import plan_targets  # noqa: E402  # tests/, put on the path above
 
 TITAN = "examples/parallel_dims.py:torchtitan"
 BUGGY = "examples/parallel_dims.py:torchtitan_buggy"
-
-
-def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run(
-        [sys.executable, "-m", "fmesh", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
 
 
 def call(n: int, code: int, summary: str = "", history: str = "") -> fmesh.PlannedCall:

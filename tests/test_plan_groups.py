@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _dist import run_spawn
+from _dist import run_cli, run_spawn
 
 import fmesh
 from fmesh._plan.report import first_divergence
@@ -30,19 +30,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 import plan_targets  # noqa: E402  # tests/, put on the path above
 
 TARGETS = "tests/plan_targets.py"
-
-
-def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run(
-        [sys.executable, "-m", "fmesh", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
 
 
 def verdict(result: subprocess.CompletedProcess[str]) -> str:
