@@ -6,12 +6,15 @@ request of fmesh's agreement is seen. Checked: a hit (a mesh, its slices and fla
 realized before; also equal values built anew) sends nothing; a 1-d mesh over the whole
 world in rank order is served by the default group (no group, no request, the first
 time too); a call that creates groups costs each rank at most 5 agreement requests and
-leaves no agreement key behind.
+leaves no agreement key behind; the first one of a process costs at most 6 requests in
+all (agreement, watch, closing barrier, the sentinel's address), plus one read and one
+slice per interval it waits.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from _dist import run_spawn
 
 import fmesh
 from bench.counting import CountingStore, agree_call, delta, per_call
+from fmesh._runtime import watch
 
 WORLD = 4
 
@@ -54,7 +58,15 @@ def counted_job(rank: int, world: int) -> dict[str, Any]:
 
     def phase(name: str, meshes: list[fmesh.Mesh]) -> None:
         before, keys = store.snapshot(), store.key_snapshot()
-        created = sum(fmesh.realize(m).created for m in meshes)
+        created = 0
+        for mesh in meshes:
+            counts, start = store.snapshot(), time.monotonic()
+            made = fmesh.realize(mesh).created
+            mine = delta(store.snapshot(), counts)
+            if made and "first" not in out:  # fmesh's own: agreement, watch, sentinel
+                fmesh_own = mine.get("agree", 0) + mine.get("watch", 0)
+                out["first"] = {"fmesh": fmesh_own, "seconds": time.monotonic() - start}
+            created += made
         out[name] = {
             "requests": sum(delta(store.snapshot(), before).values()),
             "agree_per_call": per_call(delta(store.key_snapshot(), keys), agree_call),
@@ -83,6 +95,13 @@ def test_hits_send_nothing_and_creating_calls_send_a_handful(tmp_path: Path) -> 
         assert max(calls.values()) <= 5, calls
         for name in ("hit_same", "hit_fresh"):
             assert out[name] == {"requests": 0, "agree_per_call": {}, "created": 0}, out
+        # The process's first creating call, everything of fmesh's counted: the
+        # sentinel's address, the agreement, the closing barrier (no cleanup: nothing of
+        # its stream came before). A call that waits past an interval (1 s here; a
+        # loaded machine) reads once an interval and slices its wait: the successor's
+        # address is one of those reads.
+        first = out["first"]
+        assert first["fmesh"] <= 6 + 2 * int(first["seconds"] / watch.INTERVAL), first
     # A call that ended well leaves its counter and its closing barrier's key to its
     # stream's next creating call, which deletes them: the last call's two, no more.
     assert outs[0]["left"] == ["done", "w/ok"], outs[0]

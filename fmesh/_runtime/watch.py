@@ -112,6 +112,9 @@ class Watch:
         self._ok = False
         self._lock = threading.Lock()
         self._last_read = time.monotonic()
+        """The last read of the interval's budget: the outcome, or an address (first)."""
+        if ticket.ranks[(ticket.ranks.index(ticket.rank) + 1) % self.n] not in _addresses:
+            self._last_read += min(self.interval, INTERVAL)  # its first: ``_address``
         self._gate = Gate()
         self._conn = _agree.thread_store(ticket.store)
         """This thread's connection, shared with the watch thread (turns: ``_gate``)."""
@@ -205,6 +208,8 @@ class Watch:
         key = _sentinel.KEY + str(peer)
         with self._gate.turn():
             raw = peek(self._conn, key)
+        with self._lock:  # in place of the interval's read of the outcome
+            self._last_read = time.monotonic()
         if raw is None:  # published before its agreement: only a store that lost it
             raw = self._read(key, self.silence) or b"?|0|?"
         address = _sentinel.Address.parse(raw)
