@@ -148,8 +148,8 @@ def test_every_benchmark_at_every_size(smoke: dict[str, Any]) -> None:
             assert seen == gloo, (key, seen)
         elif key.startswith("fake.hit"):
             assert seen == worlds, (key, seen)
-        elif key.startswith("titan.fake."):
-            assert seen == {2**6}, (key, seen)
+        elif key.startswith(("titan.fake.", "titan.partial_dtensor.")):
+            assert seen == ({2**6} if key.endswith(".growth") else {2**4, 2**6}), (key, seen)
         elif key.startswith("titan.gloo."):
             assert seen == {4}, (key, seen)
         elif key.startswith("plan."):
@@ -285,13 +285,18 @@ def test_titan_rows_check_that_both_libraries_built_the_same_meshes(
 ) -> None:
     from bench.runners import same_meshes
 
-    for backend in ("fake", "gloo"):
+    for backend in ("fake", "partial_dtensor", "gloo"):
         for size in smoke["raw"][f"titan.{backend}"].values():
             assert same_meshes(size["runs"]) is True, size
     rows = {(r["key"], r["ranks"]): r for r in smoke["rows"] if r["key"].startswith("titan.")}
     for (key, _), row in rows.items():
         if key.endswith((".new_group", ".groups")):
             assert row["torch"] > 0, row  # torch's recipe makes groups on every rank
+    for backend in ("fake", "partial_dtensor"):  # the drop-in's growth, torch's beside it
+        grew = rows[f"titan.{backend}.growth", 2**6]
+        fm, th = (rows[f"titan.{backend}.seconds", n] for n in (2**4, 2**6))
+        assert math.isclose(grew["fmesh"], th["fmesh"] / fm["fmesh"]), grew
+        assert math.isclose(grew["torch"], th["torch"] / fm["torch"]), grew
 
 
 _TITAN_SCRIPT = """
@@ -300,22 +305,36 @@ import torch.distributed as dist
 import fmesh
 from bench import titan, torch_ref, workloads
 out = {}
-for impl in ("torch", "fmesh"):
+for spmd in ("spmd_types", "partial_dtensor"):
+    for impl in ("torch", "fmesh"):
+        torch_ref.init_fake(64)
+        with torch_ref.counting_group_creation() as counts:
+            init = workloads.init_device_mesh_of(impl)
+            meshes = titan.build_mesh(init, 64, titan.CONFIGS[64], spmd)
+        out[spmd, impl] = {"meshes": titan.describe(meshes), "counts": dict(counts)}
+        del meshes
+        fmesh.destroy()
+        dist.destroy_process_group()
+    # examples/parallel_dims.py's torchtitan_build_mesh, the recipe's other copy, on torch
+    sys.path.insert(0, "examples")
+    from parallel_dims import ParallelDims, torchtitan_build_mesh
+    c = titan.CONFIGS[64].resolved(64)
+    dims = ParallelDims.resolve(64, pp=c.pp, dp_replicate=c.dp_replicate, cp=c.cp,
+                                tp=c.tp, ep=c.ep)
     torch_ref.init_fake(64)
-    with torch_ref.counting_group_creation() as counts:
-        init = workloads.init_device_mesh_of(impl)
-        meshes = titan.build_mesh(init, 64, titan.CONFIGS[64])
-    out[impl] = {"meshes": titan.describe(meshes), "counts": dict(counts)}
+    meshes = torchtitan_build_mesh(dims, "cpu", spmd)
+    out[spmd, "example"] = {"meshes": titan.describe(meshes), "counts": {}}
     del meshes
-    fmesh.destroy()
     dist.destroy_process_group()
+out = {f"{spmd}/{impl}": v for (spmd, impl), v in out.items()}
 json.dump(out, sys.stdout)
 """
 
 
 def test_titan_recipe_builds_the_same_meshes_with_torch_and_fmesh() -> None:
-    # torchtitan's build_mesh, rewritten in bench/titan.py, on a 64-rank fake world:
-    # torch's init_device_mesh and fmesh's give the same ranks, local ranks and groups.
+    # torchtitan's build_mesh, rewritten in bench/titan.py, on a 64-rank fake world, with
+    # either spmd backend: torch's init_device_mesh and fmesh's give the same ranks,
+    # local ranks and groups, and examples/parallel_dims.py's copy of it the same again.
     proc = subprocess.run(
         [sys.executable, "-c", _TITAN_SCRIPT],
         capture_output=True,
@@ -326,12 +345,17 @@ def test_titan_recipe_builds_the_same_meshes_with_torch_and_fmesh() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout)
-    torch_side, fmesh_side = out["torch"]["meshes"], out["fmesh"]["meshes"]
-    assert set(torch_side) >= {"world", "dataloading", "loss", "1d/dp", "1d/efsdp"}
-    assert fmesh_side == torch_side
-    # pp=2 x batch=8 x cp=2 x tp=2: loss = batch x cp, 16 ranks at stride tp.
-    assert torch_side["1d/loss"]["group"] == list(range(0, 32, 2))
-    assert out["torch"]["counts"]["new_group"] > 0
+    for spmd, dp in (("spmd_types", "dp"), ("partial_dtensor", "fsdp")):
+        torch_side = out[f"{spmd}/torch"]["meshes"]
+        assert set(torch_side) >= {"world", "dataloading", "loss", f"1d/{dp}", "1d/efsdp"}
+        assert out[f"{spmd}/fmesh"]["meshes"] == torch_side
+        # pp=2 x batch=8 x cp=2 x tp=2: loss = batch x cp, 16 ranks at stride tp.
+        assert torch_side["1d/loss"]["group"] == list(range(0, 32, 2))
+        assert out[f"{spmd}/torch"]["counts"]["new_group"] > 0
+        # The same meshes as examples/parallel_dims.py's copy of torchtitan's recipe
+        # (which names the 1-d meshes without "1d/").
+        example = out[f"{spmd}/example"]["meshes"]
+        assert {k.removeprefix("1d/"): v for k, v in torch_side.items()} == example
 
 
 def test_titan_configs_are_valid_parallel_dims() -> None:
