@@ -23,6 +23,7 @@ GLOO = {"full": ((1, 1, 2, 1, 2), (1, 2, 2, 1, 2), (2, 2, 2, 1, 2)),
         "quick": ((1, 1, 2, 1, 2),), "smoke": ((1, 1, 2, 1, 1),)}
 # fmt: on
 THREE: dict[str, int | tuple[int, ...]] = {"full": 3}
+FIVE: dict[str, int | tuple[int, ...]] = {"full": 5, "quick": 3}
 GLOO_REPEATS: dict[str, int | tuple[int, ...]] = {"full": (7, 5, 3)}
 REPEAT = {"full": 9, "quick": 3, "smoke": 2}
 """Timed batches of a repeated call (pure ops, to_device_mesh, the drop-in)."""
@@ -311,7 +312,7 @@ CASES: tuple[Case, ...] = (
          spec=lambda mode, size: {"recipe": "trainer5", "trace": True},
          torch_limit_s=180.0, timeout_s=300.0),  # tracemalloc slows Python code down
     *(Case("titan", "torchtitan (fake)", "fake", titan.fake,
-           titan_metrics(key, "one rank, fresh process", spmd), TITAN_FAKE, THREE,
+           titan_metrics(key, "one rank, fresh process", spmd), TITAN_FAKE, FIVE,
            spec=titan.spec_of(spmd), after=titan.growth)
       for key, spmd in (("fake", "spmd_types"), ("partial_dtensor", "partial_dtensor"))),
     Case("titan", "torchtitan (gloo)", "gloo", titan.gloo,
