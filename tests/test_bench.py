@@ -309,32 +309,19 @@ for spmd in ("spmd_types", "partial_dtensor"):
     for impl in ("torch", "fmesh"):
         torch_ref.init_fake(64)
         with torch_ref.counting_group_creation() as counts:
-            init = workloads.init_device_mesh_of(impl)
-            meshes = titan.build_mesh(init, 64, titan.CONFIGS[64], spmd)
-        out[spmd, impl] = {"meshes": titan.describe(meshes), "counts": dict(counts)}
+            meshes = titan.build_mesh(workloads.init_device_mesh_of(impl), 64, spmd)
+        out[f"{spmd}/{impl}"] = {"meshes": titan.describe(meshes), "counts": dict(counts)}
         del meshes
         fmesh.destroy()
         dist.destroy_process_group()
-    # examples/parallel_dims.py's torchtitan_build_mesh, the recipe's other copy, on torch
-    sys.path.insert(0, "examples")
-    from parallel_dims import ParallelDims, torchtitan_build_mesh
-    c = titan.CONFIGS[64].resolved(64)
-    dims = ParallelDims.resolve(64, pp=c.pp, dp_replicate=c.dp_replicate, cp=c.cp,
-                                tp=c.tp, ep=c.ep)
-    torch_ref.init_fake(64)
-    meshes = torchtitan_build_mesh(dims, "cpu", spmd)
-    out[spmd, "example"] = {"meshes": titan.describe(meshes), "counts": {}}
-    del meshes
-    dist.destroy_process_group()
-out = {f"{spmd}/{impl}": v for (spmd, impl), v in out.items()}
 json.dump(out, sys.stdout)
 """
 
 
 def test_titan_recipe_builds_the_same_meshes_with_torch_and_fmesh() -> None:
-    # torchtitan's build_mesh, rewritten in bench/titan.py, on a 64-rank fake world, with
-    # either spmd backend: torch's init_device_mesh and fmesh's give the same ranks,
-    # local ranks and groups, and examples/parallel_dims.py's copy of it the same again.
+    # torchtitan's build_mesh (examples/parallel_dims.py) as the bench runs it, on a
+    # 64-rank fake world, with either spmd backend: torch's init_device_mesh and fmesh's
+    # give the same ranks, local ranks and groups.
     proc = subprocess.run(
         [sys.executable, "-c", _TITAN_SCRIPT],
         capture_output=True,
@@ -347,25 +334,21 @@ def test_titan_recipe_builds_the_same_meshes_with_torch_and_fmesh() -> None:
     out = json.loads(proc.stdout)
     for spmd, dp in (("spmd_types", "dp"), ("partial_dtensor", "fsdp")):
         torch_side = out[f"{spmd}/torch"]["meshes"]
-        assert set(torch_side) >= {"world", "dataloading", "loss", f"1d/{dp}", "1d/efsdp"}
+        assert set(torch_side) >= {"world", "dataloading", "loss", dp, "efsdp"}
         assert out[f"{spmd}/fmesh"]["meshes"] == torch_side
         # pp=2 x batch=8 x cp=2 x tp=2: loss = batch x cp, 16 ranks at stride tp.
-        assert torch_side["1d/loss"]["group"] == list(range(0, 32, 2))
+        assert torch_side["loss"]["mesh"] == list(range(0, 32, 2))
         assert out[f"{spmd}/torch"]["counts"]["new_group"] > 0
-        # The same meshes as examples/parallel_dims.py's copy of torchtitan's recipe
-        # (which names the 1-d meshes without "1d/").
-        example = out[f"{spmd}/example"]["meshes"]
-        assert {k.removeprefix("1d/"): v for k, v in torch_side.items()} == example
+        assert out[f"{spmd}/fmesh"]["counts"]["new_group"] == 0
 
 
 def test_titan_configs_are_valid_parallel_dims() -> None:
     from bench import titan
     from bench.cases import CASES
 
-    for world, config in titan.CONFIGS.items():
-        c = config.resolved(world)
-        assert c.pp * c.dp_replicate * c.dp_shard * c.cp * c.tp == world
-        assert (c.dp_shard * c.cp * c.tp) % c.ep == 0
+    for world in titan.CONFIGS:
+        d = titan.dims(world)  # ParallelDims.resolve checks them as torchtitan does
+        assert d.pp * d.dp_replicate * d.dp_shard * d.cp * d.tp == world
     for case in CASES:
         if case.name == "titan":
             for sizes in case.sizes.values():
