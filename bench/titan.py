@@ -105,7 +105,7 @@ def describe(meshes: Mapping[str, DeviceMesh]) -> Json:
 def measured(impl: str, world: int, spmd: str) -> Json:
     """The recipe once, counted and timed: seconds, torch ``new_group`` calls, process
     groups constructed, the process's peak RSS, and a digest of the meshes built."""
-    init = init_device_mesh_of(impl)
+    init, _ = init_device_mesh_of(impl), example()  # the example loaded before timing
     with torch_ref.counting_group_creation() as counts:
         start = time.perf_counter()
         meshes = build_mesh(init, world, spmd)
