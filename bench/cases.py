@@ -23,6 +23,7 @@ GLOO = {"full": ((1, 1, 2, 1, 2), (1, 2, 2, 1, 2), (2, 2, 2, 1, 2)),
         "quick": ((1, 1, 2, 1, 2),), "smoke": ((1, 1, 2, 1, 1),)}
 # fmt: on
 THREE: dict[str, int | tuple[int, ...]] = {"full": 3}
+FIVE: dict[str, int | tuple[int, ...]] = {"full": 5, "quick": 3}
 GLOO_REPEATS: dict[str, int | tuple[int, ...]] = {"full": (7, 5, 3)}
 REPEAT = {"full": 9, "quick": 3, "smoke": 2}
 """Timed batches of a repeated call (pure ops, to_device_mesh, the drop-in)."""
@@ -67,12 +68,14 @@ def realize_metrics(key: str, label: str, torch: str) -> tuple[M, ...]:
     # fmt: on
 
 
-def titan_metrics(backend: str, where: str) -> tuple[M, ...]:
+def titan_metrics(key: str, where: str, spmd: str = "spmd_types") -> tuple[M, ...]:
     def m(read: str, unit: str, what: str, note: str, res: float = 0.0) -> M:
-        key, label = f"titan.{backend}.{read}", f"{ONE_IMPORT}: {what}"
+        label = f"ParallelDims.build_mesh ({spmd}), one-import change: {what}"
         note += "; torch: the same recipe with torch's init_device_mesh"
-        every = backend == "gloo" and read == "seconds"
-        return M(key, read, label, note, unit, every_size=every, resolution=res)
+        every = read == "seconds"
+        return M(
+            f"titan.{key}.{read}", read, label, note, unit, every_size=every, resolution=res
+        )
 
     # fmt: off
     return (
@@ -85,6 +88,9 @@ def titan_metrics(backend: str, where: str) -> tuple[M, ...]:
     # fmt: on
 
 
+TITAN_FAKE = {"full": (2**10, 2**17), "quick": (2**10, 2**17), "smoke": (2**4, 2**6)}
+"""torchtitan's recipe on a fake world: the drop-in's growth from the smallest size to
+the largest (``titan.growth``), each size in fresh processes."""
 ONE_IMPORT = "ParallelDims.build_mesh, one-import change"
 NEW = "realize + 3 flattens"
 TORCH_RECIPE = "torch: init_device_mesh('cpu') + 3 _flatten calls"
@@ -305,9 +311,10 @@ CASES: tuple[Case, ...] = (
     ), {"full": (2**20,), "quick": (2**14,), "smoke": (2**8,)},
          spec=lambda mode, size: {"recipe": "trainer5", "trace": True},
          torch_limit_s=180.0, timeout_s=300.0),  # tracemalloc slows Python code down
-    Case("titan", "torchtitan (fake)", "fake", titan.fake,
-         titan_metrics("fake", "one rank, fresh process"),
-         {"full": (2**10, 2**14, 2**17), "quick": (2**10, 2**14), "smoke": (2**6,)}, THREE),
+    *(Case("titan", "torchtitan (fake)", "fake", titan.fake,
+           titan_metrics(key, "one rank, fresh process", spmd), TITAN_FAKE, FIVE,
+           spec=titan.spec_of(spmd), after=titan.growth)
+      for key, spmd in (("fake", "spmd_types"), ("partial_dtensor", "partial_dtensor"))),
     Case("titan", "torchtitan (gloo)", "gloo", titan.gloo,
          titan_metrics("gloo", "real gloo, slowest rank"),
          {"full": (4, 8, 16), "quick": (4,), "smoke": (4,)}, {"full": 2}),

@@ -46,18 +46,10 @@ def realize(spec: Json) -> Json:
     import fmesh
     from fmesh._runtime.agreement import count_keys
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    timeout = datetime.timedelta(seconds=spec["timeout_s"])
-    raw = torch_ref.connect_store(spec["port"], world, timeout)
-    store = CountingStore(raw)
-    dist.init_process_group(
-        "gloo",
-        store=store if spec["count"] else raw,
-        rank=rank,
-        world_size=world,
-        timeout=timeout,
-    )
-    torch_ref.preload_lazy_imports()
+    rank = int(os.environ["RANK"])
+    given = torch_ref.init_gloo_worker(spec, CountingStore if spec["count"] else None)
+    store = given if spec["count"] else CountingStore(given)
+    raw = store.inner
     impl, shape = spec["impl"], spec["shape"]
     out: Json = {"rank": rank, "counted": spec["count"]}
     keep: list[object] = []
@@ -141,10 +133,8 @@ def elastic(spec: Json) -> Json:
 
     import fmesh
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    timeout = datetime.timedelta(seconds=COLLECTIVE_S)
-    store = torch_ref.connect_store(spec["port"], world, datetime.timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    rank, timeout = int(os.environ["RANK"]), datetime.timedelta(seconds=COLLECTIVE_S)
+    torch_ref.init_gloo_worker(spec, store_s=60.0, group_s=COLLECTIVE_S)
     mesh = fmesh.make_mesh({"dp": 2, "fsdp": 2, "tp": 2})
     # First without the short timeout: a process's first creating call on 8 ranks
     # sharing 2 CPUs can take longer than the 3 s the run measures with.

@@ -119,36 +119,49 @@ def run_worker(worker: Worker, spec: Json, timeout_s: float) -> Json:
     return finish(start(worker, spec), time.monotonic() + timeout_s)
 
 
-def run_gloo_job(
-    worker: Worker, world: int, spec: Json, timeout_s: float, may_die: Collection[int] = ()
-) -> list[Json]:
-    """One fresh process per rank, on a store this process hosts; the ranks' results.
-
-    Each rank gets the torchrun environment, and ``spec`` plus ``port`` and
-    ``timeout_s``; it connects to the store itself. A rank of ``may_die`` may die by
-    SIGKILL (its result is left out).
-    """
+def start_job(
+    worker: Worker, world: int, spec: Json, timeout_s: float, env: dict[str, str] | None = None
+) -> tuple[object, list[Started]]:
+    """One fresh process per rank on a store this process hosts, as torchrun's agent
+    does: each rank gets the torchrun environment (and ``env``), and ``spec`` plus
+    ``port`` and ``timeout_s``; it connects to the store itself. Returns the store
+    (keep it while the ranks run) and the ranks."""
     store = torch_ref.host_store(world, datetime.timedelta(seconds=timeout_s))
     spec = {**spec, "port": store.port, "timeout_s": timeout_s}
-    env = {
-        "WORLD_SIZE": str(world),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(store.port),
-    }
-    env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+    common = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
+    common |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
+    common["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
     ranks = [
-        start(worker, spec, {**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+        start(worker, spec, {**common, **(env or {}), "RANK": str(r), "LOCAL_RANK": str(r)})
         for r in range(world)
     ]
+    return store, ranks
+
+
+def run_gloo_job(
+    worker: Worker,
+    world: int,
+    spec: Json,
+    timeout_s: float,
+    may_die: Collection[int] = (),
+    crashes: list[str] | None = None,
+) -> list[Json]:
+    """A job of :func:`start_job`: the ranks' results. A rank of ``may_die`` may die by
+    SIGKILL (its result is left out); any other failure raises, or with ``crashes``
+    is noted there (the other ranks' results are still collected)."""
+    store, ranks = start_job(worker, world, spec, timeout_s)
     deadline = time.monotonic() + timeout_s
     results: list[Json] = []
     try:
         for r, started in enumerate(ranks):
             try:
                 results.append(finish(started, deadline))
-            except WorkerError:
-                if r not in may_die or started.proc.exitcode != -9:  # SIGKILL
+            except WorkerError as err:
+                if r in may_die and started.proc.exitcode == -9:  # SIGKILL
+                    continue
+                if crashes is None:
                     raise
+                crashes.append(f"rank {r} (exit code {started.proc.exitcode}): {err}"[:2000])
     finally:
         for started in ranks:  # after a failure: stop the rest of this job's processes
             started.stop(0)

@@ -72,7 +72,7 @@ class Row:
     world: str
     """Size label shown in the table (``2^17``, ``8 (1x2x2x1x2)``)."""
     ranks: int
-    unit: str  # "s", "B", "count" or "/s"
+    unit: str  # "s", "B", "count", "/s" or "x" (a ratio)
     fmesh: float | None
     torch: float | None
     note: str = ""
@@ -127,6 +127,8 @@ def fmt_value(value: float | None, unit: str) -> str:
             if value >= scale:
                 return f"{value / scale:.3g} {name}"
         return f"{value:.0f} B"
+    if unit == "x":
+        return f"{value:.3g}{TIMES}"
     whole = value == int(value) or value >= 1000
     text = f"{value:,.0f}" if whole else f"{value:,.3g}"
     return text + (" /s" if unit == "/s" else "")

@@ -53,8 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from . import launch, torch_ref
-from .launch import Worker, WorkerError, finish, start
-from .shared import Json
+from .shared import Json, rss_kib
 from .soak_rates import SIDES, rates, summary
 
 WORLD = 4
@@ -69,15 +68,10 @@ NATIVE = re.compile(
 
 
 def _usage() -> Json:
-    rss_kb = 0
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss_kb = int(line.split()[1])
     return {
         "fds": len(os.listdir("/proc/self/fd")),
         "threads": threading.active_count(),
-        "rss_mb": round(rss_kb / 1024, 1),
+        "rss_mb": round(rss_kib()[0] / 1024, 1),
     }
 
 
@@ -126,36 +120,6 @@ def soak_worker(spec: Json) -> Json:
         "cycles_s": round(cycles_s, 1),
         "builds_s": round(builds_s, 1),
     }
-
-
-def _job(worker: Worker, spec: Json, limit_s: float) -> tuple[list[Json], list[str]]:
-    """Run one 4-rank job; (the ranks' results, the failures of those that crashed)."""
-    store = torch_ref.host_store(WORLD, datetime.timedelta(seconds=limit_s))
-    spec = {**spec, "port": store.port, "timeout_s": limit_s}
-    env = {
-        "WORLD_SIZE": str(WORLD),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(store.port),
-    }
-    env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
-    ranks = [
-        start(worker, spec, {**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-        for r in range(WORLD)
-    ]
-    deadline = time.monotonic() + limit_s
-    out: list[Json] = []
-    crashes: list[str] = []
-    for r, started in enumerate(ranks):
-        try:
-            out.append(finish(started, deadline))
-        except WorkerError as err:
-            crashes.append(f"rank {r} (exit code {started.proc.exitcode}): {err}"[:2000])
-    for started in ranks:  # a crashed rank leaves its peers waiting: stop them
-        if started.proc.is_alive():
-            started.proc.kill()
-            started.proc.join(10)
-    del store
-    return out, crashes
 
 
 def _stacks(folder: Path, prefix: str) -> dict[str, str]:
@@ -267,17 +231,11 @@ def titan_worker(spec: Json) -> Json:
 
 def _titan_job(spec: Json, limit_s: float) -> Json:
     """One training job: its outcome, wall time and every rank's fate."""
-    store = torch_ref.host_store(WORLD, datetime.timedelta(seconds=limit_s))
-    spec = {**spec, "port": store.port, "timeout_s": limit_s}
-    env = {"WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": str(WORLD)}
-    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
-    env |= {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
-    env["LIBC_FATAL_STDERR_"] = "1"  # glibc's fatal messages to stderr, not the tty
     t0 = time.monotonic()
-    ranks = [
-        start(titan_worker, spec, {**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-        for r in range(WORLD)
-    ]
+    # glibc's fatal messages to stderr, not the tty
+    store, ranks = launch.start_job(
+        titan_worker, WORLD, spec, limit_s, {"LIBC_FATAL_STDERR_": "1"}
+    )
     deadline = t0 + limit_s
     fates: dict[int, str] = {}
     results: dict[int, Json] = {}
@@ -370,9 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cycles or args.builds:
         spec: Json = {"cycles": args.cycles, "builds": args.builds, "dir": str(folder)}
         limit = 600.0 + 2.0 * (args.cycles + args.builds)
-        ranks, crashes = _job(soak_worker, spec, limit)
+        crashes: list[str] = []
+        ranks = launch.run_gloo_job(soak_worker, WORLD, spec, limit, crashes=crashes)
         soak = {"ranks": ranks, "crashes": crashes}
         report["soak"] = soak | {"stacks": _stacks(folder, "soak")}
+        out.write_text(json.dumps(report, indent=1) + "\n")
     report |= {"steps": args.steps, "tokens": args.tokens, "jobs": []}
     t0 = time.monotonic()
     for i in range(2 * args.jobs):

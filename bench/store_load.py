@@ -89,7 +89,7 @@ def serve_crowd(spec: Json, conn: Connection) -> None:
     # watch's sliced waits) can return early from a later one (see wait_get in
     # fmesh/_runtime/agreement_records.py); torch's side must not inherit that.
     clients = {
-        r: tuple(OwnClient(torch_ref.plain_client(spec["port"], TIMEOUT)) for _ in "ft")
+        r: tuple(OwnClient(torch_ref.tcp_store(spec["port"], None, TIMEOUT)) for _ in "ft")
         for r in ranks
     }
     setup_process(ranks)

@@ -1,124 +1,85 @@
 """torchtitan's ``ParallelDims.build_mesh`` through the one-import change, against torch.
 
-The recipe is torchtitan's (commit b5bcd76c6, its default ``spmd_types`` backend),
-rewritten here call for call: a 1-d world mesh from ``init_device_mesh``, four
-``_unflatten`` calls of it with ``backend_override={dim: "fake"}`` for the dims
-torchtitan keeps without a real group, one ``_flatten`` of a slice, and the slices it
-keeps. The two sides differ only in which ``init_device_mesh`` makes the world mesh:
-torch's, or ``fmesh.device_mesh.init_device_mesh`` (the change a trainer makes by one
-import). Every call after it is torch's own ``DeviceMesh`` method, so these rows
-measure whatever fmesh does, or does not do, for meshes it made. Each worker also
-describes every mesh built (ranks, local rank, group ranks), so the runner checks that
-both libraries built the same ones.
+The recipe is ``torchtitan_build_mesh`` of ``examples/parallel_dims.py``: torchtitan's
+(commit b5bcd76c6) call for call, with either ``spmd_backend`` (``spmd_types``, its
+default, or ``partial_dtensor``: a dense mesh with ``fsdp``, no forward/backward mesh):
+a 1-d world mesh from ``init_device_mesh``, ``_unflatten`` calls of it with
+``backend_override={dim: "fake"}`` for the dims torchtitan keeps without a real group,
+one ``_flatten`` of a slice, and the slices it keeps. The two sides differ only in which
+``init_device_mesh`` makes the world mesh: torch's, or
+``fmesh.device_mesh.init_device_mesh`` (the change a trainer makes by one import).
+Every call after it is torch's own ``DeviceMesh`` method, so these rows measure
+whatever fmesh does, or does not do, for meshes it made. Each worker also describes
+every mesh built (ranks, local rank, group ranks), so the runner checks that both
+libraries built the same ones.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import resource
+import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from . import torch_ref
-from .shared import NAMES, Json
+from .shared import NAMES, TIMES, Json, Row
 from .workloads import fresh_world, init_device_mesh_of
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-DEGREES = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
-
-
-@dataclass(frozen=True)
-class Config:
-    """torchtitan's parallelism degrees (``dp_shard=-1``: the rest of the world)."""
-
-    pp: int
-    dp_replicate: int
-    dp_shard: int
-    cp: int
-    tp: int
-    ep: int
-
-    def resolved(self, world: int) -> Config:
-        """The degrees with ``dp_shard`` filled in, checked as ``ParallelDims`` does."""
-        dense = self.dp_replicate * self.cp * self.tp * self.pp
-        dp_shard = world // dense if self.dp_shard < 0 else self.dp_shard
-        if dp_shard < 1 or dense * dp_shard != world:
-            raise ValueError(f"{self} does not tile a world of {world} ranks")
-        if (dp_shard * self.cp * self.tp) % self.ep:
-            raise ValueError(f"ep={self.ep} must divide dp_shard * cp * tp in {self}")
-        return Config(self.pp, self.dp_replicate, dp_shard, self.cp, self.tp, self.ep)
-
-    def label(self) -> str:
-        return " ".join(f"{n}={getattr(self, n)}" for n in DEGREES)
-
-
-CONFIGS: dict[int, Config] = {
-    4: Config(pp=1, dp_replicate=1, dp_shard=-1, cp=1, tp=2, ep=2),
-    8: Config(pp=1, dp_replicate=2, dp_shard=-1, cp=1, tp=2, ep=2),
-    16: Config(pp=1, dp_replicate=2, dp_shard=-1, cp=2, tp=2, ep=4),
-    2**6: Config(pp=2, dp_replicate=2, dp_shard=-1, cp=2, tp=2, ep=4),
-    2**10: Config(pp=2, dp_replicate=2, dp_shard=-1, cp=2, tp=4, ep=8),
-    2**14: Config(pp=4, dp_replicate=4, dp_shard=-1, cp=2, tp=8, ep=16),
-    2**17: Config(pp=8, dp_replicate=4, dp_shard=-1, cp=2, tp=8, ep=16),
+CONFIGS: dict[int, dict[str, int]] = {
+    4: dict(pp=1, dp_replicate=1, cp=1, tp=2, ep=2),
+    8: dict(pp=1, dp_replicate=2, cp=1, tp=2, ep=2),
+    16: dict(pp=1, dp_replicate=2, cp=2, tp=2, ep=4),
+    2**6: dict(pp=2, dp_replicate=2, cp=2, tp=2, ep=4),
+    2**10: dict(pp=2, dp_replicate=2, cp=2, tp=4, ep=8),
+    2**14: dict(pp=4, dp_replicate=4, cp=2, tp=8, ep=16),
+    2**17: dict(pp=8, dp_replicate=4, cp=2, tp=8, ep=16),
 }
-"""The configuration at each world size (every one valid for ``ParallelDims``)."""
+"""torchtitan's degrees at each world size (``dp_shard``: the rest of the world)."""
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "parallel_dims.py"
+
+
+def example() -> Any:
+    """``examples/parallel_dims.py``, loaded once."""
+    if "parallel_dims" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("parallel_dims", EXAMPLE)
+        assert spec is not None and spec.loader is not None
+        sys.modules["parallel_dims"] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["parallel_dims"]
+
+
+def dims(world: int) -> Any:
+    """The degrees at ``world``, resolved and checked as ``ParallelDims`` does."""
+    return example().ParallelDims.resolve(world, **CONFIGS[world])
+
+
+def label(world: int) -> str:
+    d = dims(world)
+    return " ".join(f"{n}={getattr(d, n)}" for n in (*NAMES, "ep"))
 
 
 def build_mesh(
-    init: Callable[..., DeviceMesh], world: int, config: Config
+    init: Callable[..., DeviceMesh], world: int, spmd: str = "spmd_types"
 ) -> dict[str, DeviceMesh]:
-    """torchtitan's ``ParallelDims.build_mesh`` (``spmd_types`` backend), call for call:
-    every mesh it keeps, the 1-d ones as ``"1d/<name>"``."""
-    c = config.resolved(world)
+    """Every mesh torchtitan's ``build_mesh`` keeps, by name, with ``init`` as
+    ``torch.distributed.device_mesh.init_device_mesh`` (the one-import change)."""
+    from torch.distributed import device_mesh
 
-    def exists(name: str, degree: int) -> bool:  # ParallelDims._mesh_exist
-        if name in ("fsdp", "dp_shard"):
-            return True
-        return c.ep > 1 if name == "efsdp" else degree > 1
-
-    def unflatten(names: tuple[str, ...], degrees: tuple[int, ...]) -> DeviceMesh:
-        override = {n: "fake" for n, d in zip(names, degrees) if not exists(n, d)}
-        return torch_ref.unflatten(world_mesh, degrees, names, backend_override=override)
-
-    batch = c.dp_replicate * c.dp_shard
-    efsdp = c.dp_shard * c.cp * c.tp // c.ep
-    world_mesh = init("cpu", (world,), mesh_dim_names=("world",))
-    dataloading = unflatten(("pp", "batch", "cp", "tp"), (c.pp, batch, c.cp, c.tp))
-    loss = torch_ref.flatten(dataloading, ("batch", "cp"), "loss_mesh")
-    dense = unflatten(NAMES, (c.pp, c.dp_replicate, c.dp_shard, c.cp, c.tp))
-    fwdbwd = unflatten(("pp", "dp", "cp", "tp"), (c.pp, batch, c.cp, c.tp))
-    spmd_dense = fwdbwd["dp", "cp", "tp"]
-    sparse = unflatten(
-        ("pp", "dp_replicate", "efsdp", "ep"), (c.pp, c.dp_replicate, efsdp, c.ep)
-    )
-    meshes = {
-        "world": world_mesh,
-        "dataloading": dataloading,
-        "loss": loss,
-        "dense": dense,
-        "sparse": sparse,
-        "spmd_dense_for_fwdbwd": spmd_dense,
-    }
-    if c.ep > 1:
-        meshes["spmd_sparse_for_fwdbwd"] = sparse["dp_replicate", "efsdp", "ep"]
-    single = {
-        "pp": dataloading["pp"],
-        "batch": dataloading["batch"],
-        "loss": loss,
-        "dp_replicate": dense["dp_replicate"],
-        "cp": dataloading["cp"],
-        "tp": dataloading["tp"],
-        "ep": sparse["ep"],
-        "efsdp": sparse["efsdp"],
-        "dp": spmd_dense["dp"],
-        "dp_shard": dense["dp_shard"],
-    }
-    meshes.update({f"1d/{name}": mesh for name, mesh in single.items()})
+    saved, device_mesh.init_device_mesh = device_mesh.init_device_mesh, init
+    try:
+        meshes: dict[str, DeviceMesh] = example().torchtitan_build_mesh(
+            dims(world), "cpu", spmd
+        )
+    finally:
+        device_mesh.init_device_mesh = saved
     return meshes
 
 
@@ -141,13 +102,13 @@ def describe(meshes: Mapping[str, DeviceMesh]) -> Json:
     return out
 
 
-def measured(impl: str, world: int) -> Json:
+def measured(impl: str, world: int, spmd: str) -> Json:
     """The recipe once, counted and timed: seconds, torch ``new_group`` calls, process
     groups constructed, the process's peak RSS, and a digest of the meshes built."""
-    init = init_device_mesh_of(impl)
+    init, _ = init_device_mesh_of(impl), example()  # the example loaded before timing
     with torch_ref.counting_group_creation() as counts:
         start = time.perf_counter()
-        meshes = build_mesh(init, world, CONFIGS[world])
+        meshes = build_mesh(init, world, spmd)
         seconds = time.perf_counter() - start
     text = json.dumps(describe(meshes), sort_keys=True)
     return {
@@ -155,19 +116,24 @@ def measured(impl: str, world: int) -> Json:
         **counts,
         "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "digest": hashlib.sha256(text.encode()).hexdigest(),
-        "config": CONFIGS[world].resolved(world).label(),
+        "config": label(world),
     }
+
+
+def spec_of(spmd: str) -> Callable[[str, object], Json]:
+    """A case's spec: the backend, at every mode and size."""
+    return lambda mode, size: {"spmd": spmd}
 
 
 def fake(spec: Json) -> Json:
     """One library's ``build_mesh`` as rank 0 of a fake world."""
-    impl = spec["impl"]
+    impl, spmd = spec["impl"], spec.get("spmd", "spmd_types")
     fresh_world(
         spec["world"],
-        lambda w: build_mesh(init_device_mesh_of(impl), w, CONFIGS[w]),
+        lambda w: build_mesh(init_device_mesh_of(impl), w, spmd),
         freeze=True,
     )
-    return {impl: measured(impl, spec["world"])}
+    return {impl: measured(impl, spec["world"], spmd)}
 
 
 def gloo(spec: Json) -> Json:
@@ -178,6 +144,35 @@ def gloo(spec: Json) -> Json:
 
     torch_ref.init_gloo_worker(spec)
     dist.barrier()
-    out = measured(spec["impl"], dist.get_world_size())
+    out = measured(spec["impl"], dist.get_world_size(), spec.get("spmd", "spmd_types"))
     dist.barrier()
     return {"rank": dist.get_rank(), **out}
+
+
+def growth(rows: list[Row]) -> list[Row]:
+    """Per library, the wall time at the largest world over that at the smallest (the
+    medians of the rows): 1x is flat in the world size."""
+    seconds = sorted((r for r in rows if r.key.endswith(".seconds")), key=lambda r: r.ranks)
+    if len(seconds) < 2:
+        return []
+    lo, hi = seconds[0], seconds[-1]
+
+    def over(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    what = f"wall time at {hi.world} over at {lo.world}"
+    return [
+        Row(
+            lo.key.replace(".seconds", ".growth"),
+            lo.section,
+            lo.bench.replace("wall time", what),
+            f"{hi.world} / {lo.world}",
+            hi.ranks,
+            "x",
+            over(hi.fmesh, lo.fmesh),
+            over(hi.torch, lo.torch),
+            note="the two wall-time rows above, each a median of fresh processes; flat "
+            f"in the world size is 1{TIMES}; target for fmesh: at most 1.25{TIMES}",
+            every_size=True,
+        )
+    ]

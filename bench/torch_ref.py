@@ -228,40 +228,44 @@ def counting_group_creation() -> Iterator[dict[str, int]]:
             setattr(where, name, value)
 
 
+def tcp_store(
+    port: int, world: int | None, timeout: datetime.timedelta, master: bool = False
+) -> TCPStore:
+    """A TCPStore on localhost: the server (``master``; port 0: the OS picks one),
+    listening before any rank starts, or a client (``world`` None: a plain client,
+    which sends nothing when it connects)."""
+    from torch._C._distributed_c10d import TCPStore
+
+    wait = {} if world is not None and not master else {"wait_for_workers": False}
+    return TCPStore("127.0.0.1", port, world, is_master=master, timeout=timeout, **wait)
+
+
 def host_store(world: int, timeout: datetime.timedelta) -> TCPStore:
-    """A TCPStore server on a port the OS picks, listening before any rank starts."""
-    from torch._C._distributed_c10d import TCPStore
-
-    return TCPStore(
-        "127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=timeout
-    )
+    return tcp_store(0, world, timeout, master=True)
 
 
-def connect_store(port: int, world: int, timeout: datetime.timedelta) -> TCPStore:
-    from torch._C._distributed_c10d import TCPStore
-
-    return TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
-
-
-def init_gloo_worker(spec: dict[str, object]) -> None:
+def init_gloo_worker(
+    spec: Mapping[str, Any], wrap: Callable[[TCPStore], Any] | None = None, **timeouts: float
+) -> Any:
     """A bench worker's default group: gloo on the job's store (``spec["port"]``,
-    ``spec["timeout_s"]``), as this process's torchrun rank, torch's lazy imports done."""
+    ``spec["timeout_s"]``, or ``timeouts``' ``store_s`` and ``group_s``), as this
+    process's torchrun rank, through ``wrap(store)`` where given; torch's lazy imports
+    done. Returns the store given to the group."""
     import os
 
     import torch.distributed as dist
 
-    rank = int(os.environ["RANK"])
-    world = int(os.environ["WORLD_SIZE"])
-    timeout = datetime.timedelta(seconds=float(str(spec["timeout_s"])))
-    store = connect_store(int(str(spec["port"])), world, timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
-    preload_lazy_imports()
-
-
-def plain_client(port: int, timeout: datetime.timedelta) -> TCPStore:
-    """A client that sends nothing when it connects (no worker count)."""
-    from torch._C._distributed_c10d import TCPStore
-
-    return TCPStore(
-        "127.0.0.1", port, None, is_master=False, timeout=timeout, wait_for_workers=False
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    default = float(spec["timeout_s"]) if "timeout_s" in spec else 60.0
+    store_s, group_s = (timeouts.get(k, default) for k in ("store_s", "group_s"))
+    raw = tcp_store(int(spec["port"]), world, datetime.timedelta(seconds=store_s))
+    store = raw if wrap is None else wrap(raw)
+    dist.init_process_group(
+        "gloo",
+        store=store,
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=group_s),
     )
+    preload_lazy_imports()
+    return store

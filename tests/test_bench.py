@@ -148,8 +148,8 @@ def test_every_benchmark_at_every_size(smoke: dict[str, Any]) -> None:
             assert seen == gloo, (key, seen)
         elif key.startswith("fake.hit"):
             assert seen == worlds, (key, seen)
-        elif key.startswith("titan.fake."):
-            assert seen == {2**6}, (key, seen)
+        elif key.startswith(("titan.fake.", "titan.partial_dtensor.")):
+            assert seen == ({2**6} if key.endswith(".growth") else {2**4, 2**6}), (key, seen)
         elif key.startswith("titan.gloo."):
             assert seen == {4}, (key, seen)
         elif key.startswith("plan."):
@@ -285,13 +285,18 @@ def test_titan_rows_check_that_both_libraries_built_the_same_meshes(
 ) -> None:
     from bench.runners import same_meshes
 
-    for backend in ("fake", "gloo"):
+    for backend in ("fake", "partial_dtensor", "gloo"):
         for size in smoke["raw"][f"titan.{backend}"].values():
             assert same_meshes(size["runs"]) is True, size
     rows = {(r["key"], r["ranks"]): r for r in smoke["rows"] if r["key"].startswith("titan.")}
     for (key, _), row in rows.items():
         if key.endswith((".new_group", ".groups")):
             assert row["torch"] > 0, row  # torch's recipe makes groups on every rank
+    for backend in ("fake", "partial_dtensor"):  # the drop-in's growth, torch's beside it
+        grew = rows[f"titan.{backend}.growth", 2**6]
+        fm, th = (rows[f"titan.{backend}.seconds", n] for n in (2**4, 2**6))
+        assert math.isclose(grew["fmesh"], th["fmesh"] / fm["fmesh"]), grew
+        assert math.isclose(grew["torch"], th["torch"] / fm["torch"]), grew
 
 
 _TITAN_SCRIPT = """
@@ -300,22 +305,23 @@ import torch.distributed as dist
 import fmesh
 from bench import titan, torch_ref, workloads
 out = {}
-for impl in ("torch", "fmesh"):
-    torch_ref.init_fake(64)
-    with torch_ref.counting_group_creation() as counts:
-        init = workloads.init_device_mesh_of(impl)
-        meshes = titan.build_mesh(init, 64, titan.CONFIGS[64])
-    out[impl] = {"meshes": titan.describe(meshes), "counts": dict(counts)}
-    del meshes
-    fmesh.destroy()
-    dist.destroy_process_group()
+for spmd in ("spmd_types", "partial_dtensor"):
+    for impl in ("torch", "fmesh"):
+        torch_ref.init_fake(64)
+        with torch_ref.counting_group_creation() as counts:
+            meshes = titan.build_mesh(workloads.init_device_mesh_of(impl), 64, spmd)
+        out[f"{spmd}/{impl}"] = {"meshes": titan.describe(meshes), "counts": dict(counts)}
+        del meshes
+        fmesh.destroy()
+        dist.destroy_process_group()
 json.dump(out, sys.stdout)
 """
 
 
 def test_titan_recipe_builds_the_same_meshes_with_torch_and_fmesh() -> None:
-    # torchtitan's build_mesh, rewritten in bench/titan.py, on a 64-rank fake world:
-    # torch's init_device_mesh and fmesh's give the same ranks, local ranks and groups.
+    # torchtitan's build_mesh (examples/parallel_dims.py) as the bench runs it, on a
+    # 64-rank fake world, with either spmd backend: torch's init_device_mesh and fmesh's
+    # give the same ranks, local ranks and groups.
     proc = subprocess.run(
         [sys.executable, "-c", _TITAN_SCRIPT],
         capture_output=True,
@@ -326,22 +332,23 @@ def test_titan_recipe_builds_the_same_meshes_with_torch_and_fmesh() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout)
-    torch_side, fmesh_side = out["torch"]["meshes"], out["fmesh"]["meshes"]
-    assert set(torch_side) >= {"world", "dataloading", "loss", "1d/dp", "1d/efsdp"}
-    assert fmesh_side == torch_side
-    # pp=2 x batch=8 x cp=2 x tp=2: loss = batch x cp, 16 ranks at stride tp.
-    assert torch_side["1d/loss"]["group"] == list(range(0, 32, 2))
-    assert out["torch"]["counts"]["new_group"] > 0
+    for spmd, dp in (("spmd_types", "dp"), ("partial_dtensor", "fsdp")):
+        torch_side = out[f"{spmd}/torch"]["meshes"]
+        assert set(torch_side) >= {"world", "dataloading", "loss", dp, "efsdp"}
+        assert out[f"{spmd}/fmesh"]["meshes"] == torch_side
+        # pp=2 x batch=8 x cp=2 x tp=2: loss = batch x cp, 16 ranks at stride tp.
+        assert torch_side["loss"]["mesh"] == list(range(0, 32, 2))
+        assert out[f"{spmd}/torch"]["counts"]["new_group"] > 0
+        assert out[f"{spmd}/fmesh"]["counts"]["new_group"] == 0
 
 
 def test_titan_configs_are_valid_parallel_dims() -> None:
     from bench import titan
     from bench.cases import CASES
 
-    for world, config in titan.CONFIGS.items():
-        c = config.resolved(world)
-        assert c.pp * c.dp_replicate * c.dp_shard * c.cp * c.tp == world
-        assert (c.dp_shard * c.cp * c.tp) % c.ep == 0
+    for world in titan.CONFIGS:
+        d = titan.dims(world)  # ParallelDims.resolve checks them as torchtitan does
+        assert d.pp * d.dp_replicate * d.dp_shard * d.cp * d.tp == world
     for case in CASES:
         if case.name == "titan":
             for sizes in case.sizes.values():
