@@ -44,7 +44,7 @@ def realize(spec: Json) -> Json:
     import torch.distributed as dist
 
     import fmesh
-    from fmesh._runtime.agreement import count_keys
+    from fmesh._protocol.agreement import count_keys
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout = datetime.timedelta(seconds=spec["timeout_s"])
