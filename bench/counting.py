@@ -17,7 +17,7 @@ from typing import Any
 
 from torch._C._distributed_c10d import Store
 
-from fmesh._runtime import sentinel
+from fmesh._protocol import sentinel
 
 __all__ = [
     "AGREE",

@@ -44,7 +44,7 @@ def realize(spec: Json) -> Json:
     import torch.distributed as dist
 
     import fmesh
-    from fmesh._runtime.agreement import count_keys
+    from fmesh._protocol.agreement import count_keys
 
     rank = int(os.environ["RANK"])
     given = torch_ref.init_gloo_worker(spec, CountingStore if spec["count"] else None)

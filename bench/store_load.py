@@ -87,7 +87,7 @@ def serve_crowd(spec: Json, conn: Connection) -> None:
     ranks = spec["ranks"]
     # Two connections per rank, fmesh's and torch's: a client whose wait timed out (the
     # watch's sliced waits) can return early from a later one (see wait_get in
-    # fmesh/_runtime/agreement_records.py); torch's side must not inherit that.
+    # fmesh/_protocol/records.py); torch's side must not inherit that.
     clients = {
         r: tuple(OwnClient(torch_ref.tcp_store(spec["port"], None, TIMEOUT)) for _ in "ft")
         for r in ranks
@@ -284,7 +284,7 @@ def extrapolate(rows: list[Row]) -> list[Row]:
     kept up best), scaled by the watch's interval there over its interval at N (the
     interval grows with the world: ``watch.settings``); a call's CPU (all ranks) along
     the least-squares line through the measured sizes."""
-    from fmesh._runtime.watch import settings
+    from fmesh._protocol.watch import settings
 
     rate = [r for r in rows if r.key == "store.watch.per_rank" and r.fmesh is not None]
     cpu = [r for r in rows if r.key == "store.call.cpu_per_rank" and r.fmesh is not None]

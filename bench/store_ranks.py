@@ -34,14 +34,14 @@ CODE = 0x5EED
 # The only code here that knows how fmesh agrees and watches peers during a creating
 # call: it runs the steps of realize's ``_realize_new`` (fmesh/_runtime/realize.py) and
 # of ``groups.create``'s error path, with ``create`` in place of the group's creation.
-# When the watch changes (fmesh/_runtime/liveness.py), re-point these two functions at
+# When the watch changes (fmesh/_protocol/liveness.py), re-point these two functions at
 # it and widen SIZES; processes, counting, the server's CPU, torch's side and the rows
 # (bench/store_load.py, bench/cases.py) stay as they are.
 
 
 def setup_process(ranks: list[int]) -> None:
     """Once per crowd process, before any call: what its simulated ranks need to be
-    watched. A real rank process runs one sentinel (``fmesh/_runtime/sentinel.py``);
+    watched. A real rank process runs one sentinel (``fmesh/_protocol/sentinel.py``);
     the simulated ranks of one crowd share this process's, as threads of one process
     would: a sentinel per simulated rank (4,096 processes on the bench's CPUs) would
     measure process scheduling, not the store, and the watch's store requests are the
@@ -49,7 +49,7 @@ def setup_process(ranks: list[int]) -> None:
     the one thing that makes it dead: its sentinel exits with it (its stdin's end of
     file, ``PR_SET_PDEATHSIG``), and its watcher sees end of file. Started here, as
     ``liveness.warm`` does, so that it listens by the first call."""
-    from fmesh._runtime import sentinel
+    from fmesh._protocol import sentinel
 
     if ranks:
         _ = sentinel.mine().address  # waits for its port
@@ -78,7 +78,7 @@ def fmesh_call(
     ``backend``, the closing barrier, and close. Raises the call's error
     (``PeerLostError`` when a member died)."""
     from fmesh._core.errors import PeerLostError
-    from fmesh._runtime import agreement, liveness
+    from fmesh._protocol import agreement, liveness
 
     if rank not in _prepared:
         liveness.prepare(store, rank)

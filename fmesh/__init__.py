@@ -42,6 +42,7 @@ from ._plan.report import PlannedCall as PlannedCall
 from ._plan.report import PlanReport as PlanReport
 from ._plan.report import RankPlan as RankPlan
 from ._plan.run import plan as plan
+from ._protocol.stream import stream as stream
 from ._runtime.cache import CacheStats as CacheStats
 from ._runtime.cache import cache_stats as cache_stats
 from ._runtime.cache import destroy as destroy
@@ -49,7 +50,6 @@ from ._runtime.launch import init_fake_world as init_fake_world
 from ._runtime.realize import realize as realize
 from ._runtime.realized_mesh import RealizedMesh as RealizedMesh
 from ._runtime.recover import recover as recover
-from ._runtime.stream import stream as stream
 from ._torch.convert import from_device_mesh as from_device_mesh
 from ._torch.distribute import distribute as distribute
 from ._torch.distribute import placements as placements

@@ -1,4 +1,4 @@
-"""The agreement protocol of ``fmesh/_runtime/agreement.py`` on a real TCPStore.
+"""The agreement protocol of ``fmesh/_protocol/agreement.py`` on a real TCPStore.
 
 Two kinds of jobs:
 
@@ -30,7 +30,7 @@ from _dist import Job, run_spawn
 
 from bench.counting import CountingStore
 from fmesh import MeshMismatchError
-from fmesh._runtime import agreement as _agree
+from fmesh._protocol import agreement as _agree
 
 if TYPE_CHECKING:
     from fmesh._compat import Store

@@ -45,7 +45,7 @@ def test_install_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_peer_watch_is_on_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fmesh._runtime import liveness
+    from fmesh._protocol import liveness
 
     monkeypatch.delenv("FMESH_PEER_WATCH", raising=False)
     assert liveness.enabled() is True

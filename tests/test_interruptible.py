@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from fmesh._compat import memory_store  # torch's HashStore
 from fmesh._compat.interruptible import Gate, interruptible_store
-from fmesh._runtime.agreement_records import wait_get
+from fmesh._protocol.records import wait_get
 
 if TYPE_CHECKING:
     from fmesh._compat import Store

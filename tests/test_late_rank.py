@@ -1,7 +1,7 @@
 """A late rank is waited for as long as torch would, with a warning each interval.
 
 * Thread-played ranks on one TCPStore (each its own client) run the agreement of
-  ``fmesh/_runtime/agreement.py`` with a short ``arrivals.WARN_INTERVAL``: a late rank
+  ``fmesh/_protocol/agreement.py`` with a short ``arrivals.WARN_INTERVAL``: a late rank
   within the timeout, the warnings that name it, the list of arrivals read by one rank,
   a constant number of requests per waiting rank and interval, no key left.
 * Real gloo processes run the drop-in and torch's own ``_flatten`` on its mesh with a
@@ -27,8 +27,8 @@ from _dist import run_spawn
 
 import fmesh
 from bench.counting import CountingStore
-from fmesh._runtime import agreement as _agree
-from fmesh._runtime import arrivals
+from fmesh._protocol import agreement as _agree
+from fmesh._protocol import arrivals
 
 LONG = datetime.timedelta(seconds=60)
 

@@ -29,8 +29,8 @@ from bench.counting import CountingStore
 from fmesh import PeerLostError
 from fmesh._compat import memory_store
 from fmesh._compat.interruptible import peek
-from fmesh._runtime import liveness, sentinel, watch
-from fmesh._runtime.agreement_records import Record, Ticket
+from fmesh._protocol import liveness, sentinel, watch
+from fmesh._protocol.records import Record, Ticket
 
 if TYPE_CHECKING:
     from fmesh._compat import Store
@@ -207,7 +207,7 @@ def test_a_sentinel_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
     code = (
         "import sys, time\n"
         f"sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
-        "from fmesh._runtime import sentinel\n"
+        "from fmesh._protocol import sentinel\n"
         "s = sentinel.Sentinel('127.0.0.1')\n"
         "print(s.proc.pid, s.address.port, flush=True)\n"
         "time.sleep(60)\n"

@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from fmesh import PeerLostError
 from fmesh._compat import memory_store, nccl
-from fmesh._runtime import liveness, sentinel, watch
-from fmesh._runtime.agreement_records import Record, Ticket
+from fmesh._protocol import liveness, sentinel, watch
+from fmesh._protocol.records import Record, Ticket
 
 if TYPE_CHECKING:
     from fmesh._compat import Store

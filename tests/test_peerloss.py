@@ -23,8 +23,8 @@ import pytest
 from _dist import Job, run_spawn
 
 import fmesh
-from fmesh._runtime import agreement as _agree
-from fmesh._runtime import liveness, watch
+from fmesh._protocol import agreement as _agree
+from fmesh._protocol import liveness, watch
 
 if TYPE_CHECKING:
     from fmesh._compat import Store

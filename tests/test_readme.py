@@ -168,3 +168,17 @@ def test_scripts_named_in_bash_blocks_exist() -> None:
     }
     assert named  # the quick start names the demo
     assert [(page, path) for page, path in sorted(named) if not (ROOT / path).is_file()] == []
+
+
+def test_the_module_tree_names_every_package_and_only_files_that_exist() -> None:
+    (tree,) = [body for body in _blocks(README, "text") if body.startswith("fmesh/\n")]
+    packages = {p.name for p in (ROOT / "fmesh").iterdir() if (p / "__init__.py").is_file()}
+    rows = dict(re.findall(r"^[├└]── (_\w+)/ +(.*)$", tree, re.M))
+    assert set(rows) == packages
+    missing = [
+        f"{package}/{name}"
+        for package, text in rows.items()
+        for name in re.findall(r"\b\w+\.py\b", text)
+        if not (ROOT / "fmesh" / package / name).is_file()
+    ]
+    assert missing == []

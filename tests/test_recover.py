@@ -19,9 +19,9 @@ import pytest
 from _dist import run_spawn
 
 import fmesh
-from fmesh._runtime import agreement as _agree
+from fmesh._protocol import agreement as _agree
+from fmesh._protocol import stream as _stream
 from fmesh._runtime import recover as _recover
-from fmesh._runtime import stream as _stream
 
 SHORT = datetime.timedelta(seconds=1)
 

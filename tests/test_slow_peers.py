@@ -26,7 +26,7 @@ from typing import Any
 from _dist import run_spawn
 
 import fmesh
-from fmesh._runtime import liveness
+from fmesh._protocol import liveness
 
 WORLD = 4
 STALL = 20
@@ -38,7 +38,8 @@ _resumed: list[float] = []
 
 def _at_first_group(rank: int, fault: dict[int, str]) -> None:
     """Rank ``rank`` plays ``fault[rank]`` as it starts its first group of the call."""
-    from fmesh._runtime import groups, sentinel
+    from fmesh._protocol import sentinel
+    from fmesh._runtime import groups
 
     real = groups._new_group
     done = [False]
@@ -188,8 +189,8 @@ def off_job(rank: int, world: int) -> dict[str, Any]:
     """``FMESH_PEER_WATCH=0``: creating calls run no watch and start no sentinel."""
     import torch.distributed as dist
 
-    from fmesh._runtime import sentinel
-    from fmesh._runtime.agreement import count_keys
+    from fmesh._protocol import sentinel
+    from fmesh._protocol.agreement import count_keys
 
     os.environ["FMESH_PEER_WATCH"] = "0"
     fmesh.realize(fmesh.make_mesh({"dp": 2, "tp": 2}))

@@ -159,12 +159,12 @@ def _package_imports(path: Path) -> set[str]:
             base, module = [], module.removeprefix("fmesh.")
         else:
             continue
-        if module:
-            found.add(".".join([*base, module]))
-        else:  # from . import a, b: modules, or names of the package itself
-            found.update(".".join([*base, alias.name]) for alias in node.names)
+        # from .x import a, b: the modules x.a and x.b, or names in the module x
+        # (from . import a: the module a, or a name of the package itself).
+        parts = [*base, *module.split(".")] if module else base
+        found.update(".".join([*parts, alias.name]) for alias in node.names)
     modules = {_node(p) for p in (ROOT / "fmesh").rglob("*.py")}
-    # `from .x import name` names a module x (or its package); keep what exists.
+    # Keep the longest prefix of each that is a module (or package).
     resolved: set[str] = set()
     for name in found:
         while name and name not in modules:
@@ -216,24 +216,27 @@ def test_the_package_has_no_import_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert "_runtime.turns" in graph["_runtime.realize"]
     assert "_runtime.realized_mesh" in graph["_runtime.realize"]
+    assert "_protocol.agreement" in graph["_protocol.watch"]
     assert "_compat.mesh" in graph["_torch.interop"]
 
 
-# -- layering: core -> runtime -> torch interop and CLI ------------------------------------
+# -- layering: core -> protocol -> runtime -> torch interop and CLI ------------------------
 
 LAYERS = {
     "_core": {"_core"},
     "_compat": {"_compat"},
-    "_runtime": {"_core", "_compat", "_runtime"},
+    "_protocol": {"_core", "_compat", "_protocol"},
+    "_runtime": {"_core", "_compat", "_protocol", "_runtime"},
     "_torch": {"_core", "_compat", "_runtime", "_torch"},
-    "_plan": {"_core", "_compat", "_runtime", "_torch", "_plan"},
+    "_plan": {"_core", "_compat", "_protocol", "_runtime", "_torch", "_plan"},
     "_cli": {"_core", "_compat", "_runtime", "_plan", "_cli"},
 }
 """Subpackage -> the subpackages it may import (lazily and for type checking too): the
-core needs nothing, the runtime knows nothing that builds DeviceMeshes (the interop
-registers hooks in ``_runtime/hooks.py``), the torch interop sits on top, the planner
-(``fmesh plan``: runs code with torch routed through the interop) on it, and the CLI
-on top of all."""
+core needs nothing, the cross-rank protocol (agreement, streams, liveness) knows
+nothing of one process's runtime (the runtime calls it, and resets its caches), the
+runtime knows nothing that builds DeviceMeshes (the interop registers hooks in
+``_runtime/hooks.py``), the torch interop sits on top, the planner (``fmesh plan``:
+runs code with torch routed through the interop) on it, and the CLI on top of all."""
 
 
 def _imports_torch(path: Path) -> bool:
@@ -267,6 +270,11 @@ def test_layers_import_one_way() -> None:
     # The checker sees lazy imports (destroy) and TYPE_CHECKING ones (realize).
     assert "_compat" in _package_imports(ROOT / "fmesh/_runtime/cache.py")
     assert "_compat" in _package_imports(ROOT / "fmesh/_runtime/realize.py")
+    # It sees the protocol's imports, relative (``from .records import``) and up.
+    assert {"_protocol.records", "_core.errors"} <= _package_imports(
+        ROOT / "fmesh/_protocol/agreement.py"
+    )
+    assert "_protocol.liveness" in _package_imports(ROOT / "fmesh/_runtime/creation.py")
 
 
 def test_the_core_imports_no_torch() -> None:

@@ -183,8 +183,8 @@ def test_threads_that_race_into_other_orders_raise(tmp_path: Path) -> None:
 def test_a_streams_calls_take_turns_and_a_failure_dooms_those_queued() -> None:
     """The turn bookkeeping alone (``StreamState``; ``turns.turn`` holds the lock around
     it)."""
+    from fmesh._protocol.stream import Stream
     from fmesh._runtime.memo import StreamState
-    from fmesh._runtime.stream import Stream
 
     s = StreamState(Stream("t"))
     first, second = s.enter(), s.enter()
@@ -202,7 +202,7 @@ def test_a_streams_calls_take_turns_and_a_failure_dooms_those_queued() -> None:
 
 
 def test_stream_names_are_checked() -> None:
-    from fmesh._runtime.stream import PROCESS, current_stream
+    from fmesh._protocol.stream import PROCESS, current_stream
 
     for bad in ("", None, 3):
         block = fmesh.stream(bad)  # type: ignore[arg-type]  # the wrong types on purpose

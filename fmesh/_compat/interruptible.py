@@ -5,7 +5,7 @@ until the key appears or the timeout passes; nothing in torch's API cancels them
 ``InterruptibleStore`` forwards every operation to a connection the caller already
 holds, and splits each wait into slices of ``slice_s`` seconds: between two slices it
 asks ``cancelled()`` (which may itself read the call's outcome, once per interval),
-and raises ``DistNetworkError`` once that says yes. So a watch (``_runtime/watch.py``)
+and raises ``DistNetworkError`` once that says yes. So a watch (``_protocol/watch.py``)
 wakes a rank blocked in a rendezvous; the slices cost one request each, only while a
 wait lasts.
 

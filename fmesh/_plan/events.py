@@ -14,8 +14,8 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from .._protocol.stream import call_code, combine
 from .._runtime.hooks import on_creating_call, on_realized
-from .._runtime.stream import call_code, combine
 from .report import PlannedCall
 
 if TYPE_CHECKING:

@@ -17,11 +17,11 @@ from collections.abc import Callable, Sequence
 
 from .._core.errors import MeshError
 from .._core.mesh import Mesh
+from .._protocol.stream import stream_words
 from .._runtime.cache import cache_stats, destroy
 from .._runtime.checks import check_backend
 from .._runtime.launch import init_fake_world, play_backend
 from .._runtime.memo import state
-from .._runtime.stream import stream_words
 from .environment import peak, reset_peak, torchrun_environment
 from .events import Recorder, active
 from .meshes import meshes

@@ -1,1 +1,2 @@
-"""The process-group runtime: realize, its memo, the cross-rank agreement, recovery."""
+"""The process-group runtime, what one process does: realize, its memo, groups, recovery
+(over the cross-rank protocol of ``_protocol/``)."""

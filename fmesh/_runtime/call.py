@@ -4,7 +4,7 @@
 repeated call needs, ``turns.py``). ``expand`` turns a new call, in its turn, into
 what ``creation.py`` carries out: the world it runs in, the ranks that agree, one
 request per axis (with its key in the axis memo), the call's code and its number in
-the stream (``stream.py``), and whether it agrees with every rank.
+the stream (``_protocol/stream.py``), and whether it agrees with every rank.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from .._core.errors import MeshError
 from .._core.mesh import Mesh, require_mesh
 from .._core.queries import index_of, placement
 from .._core.rank_map import rank_map_info, rank_map_key
+from .._protocol.stream import Turn, call_code, current_stream
 from .checks import check_backend, check_timeout
 from .groups import AxisRequest
 from .launch import World, current_world, serves
 from .memo import state
-from .stream import Turn, call_code, current_stream
 
 if TYPE_CHECKING:
     from .memo import StreamState
@@ -43,8 +43,8 @@ class Arguments:
     timeout: datetime.timedelta | None
     check: bool
     stream_name: str
-    """The call's stream (``stream.py``): calls are matched across ranks stream by
-    stream, in the order each rank makes them."""
+    """The call's stream (``_protocol/stream.py``): calls are matched across ranks
+    stream by stream, in the order each rank makes them."""
     key: Hashable | None
     """What identifies the call in its stream's memo (``None``: not memoizable)."""
 

@@ -1,11 +1,11 @@
 """A new realize call carried out: agreed, then this rank's groups made, all or none.
 
 A call laid out by ``call.py`` that creates groups first agrees with every rank
-(``agreement.py``); then each axis's group comes from the axis memo or is created once
-per process (``groups.py``: a thread that finds another creating the same group waits
-for it), while the peer watch (``liveness.py``) cuts the waits short if a peer dies;
-the call ends at the watch's closing barrier. A call that fails keeps none of the
-groups it made. The protocol: ``docs/design/agreement-protocol.md``.
+(``_protocol/agreement.py``); then each axis's group comes from the axis memo or is
+created once per process (``groups.py``: a thread that finds another creating the same
+group waits for it), while the peer watch (``_protocol/liveness.py``) cuts the waits
+short if a peer dies; the call ends at the watch's closing barrier. A call that fails
+keeps none of the groups it made. The protocol: ``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .._core.errors import PeerLostError
-from . import liveness
-from .agreement import KEY_ROOT, Record, Ticket, agree
+from .._protocol import liveness
+from .._protocol.agreement import KEY_ROOT, Record, Ticket, agree
 from .groups import create
 from .hooks import run_creating_call_hooks
 from .memo import state

@@ -22,11 +22,11 @@ from .._core.errors import MeshMismatchError
 from .._core.layout import Layout
 from .._core.mesh import Mesh
 from .._core.rank_map import rank_map_info
-from . import agreement as _agree
-from . import liveness
+from .._protocol import agreement as _agree
+from .._protocol import liveness
+from .._protocol.stream import ranks_digest
 from .launch import World, serves
 from .memo import GroupKey, state
-from .stream import ranks_digest
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -228,7 +228,7 @@ def _new_group(
         # This thread's own store connection: the rendezvous waits in the store, and
         # a store client serializes its operations, so threads sharing one would
         # wait on each other.
-        # The watch cuts its waits short when a peer dies (liveness.py).
+        # The watch cuts its waits short when a peer dies (_protocol/liveness.py).
         store = (
             None if ticket is None else liveness.store_for_creation(default_store(), backend)
         )

@@ -5,8 +5,8 @@ its job and returns: the arguments checked and keyed (``call.py``); a repeated c
 served from its stream's table, else the call's turn in its stream (``turns.py``);
 the new call laid out, its number in the stream taken (``call.py``); agreed with
 every rank and this rank's groups created under the peer watch (``creation.py``,
-over ``agreement.py``, ``groups.py`` and ``liveness.py``); the call kept for the fast
-repeat (``turns.py``). Details: ``docs/design/agreement-protocol.md``.
+over ``groups.py`` and the protocol's ``agreement.py`` and ``liveness.py``); the call
+kept for the fast repeat (``turns.py``). Details: ``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from . import liveness
+from .._protocol import liveness
 from .call import checked, expand
 from .creation import create_groups
 from .hooks import run_realized_hooks

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._core.errors import LaunchError, MeshMismatchError
-from . import agreement as _agree
-from .agreement_records import append, wait_get
+from .._protocol import agreement as _agree
+from .._protocol.records import append, wait_get
+from .._protocol.stream import call_code
 from .checks import check_timeout
 from .memo import state
-from .stream import call_code
 
 if TYPE_CHECKING:
     from .._compat import Store

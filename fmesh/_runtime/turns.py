@@ -4,7 +4,8 @@ A repeated call is a *hit*: its value comes from the stream's table of calls, if
 still holds its groups (no peer, no store; O(number of axes)). Any other call waits
 for its *turn*: the calls of one stream that are not repeats are carried out one at a
 time, in the order they started, so which calls are hits and what the next agreement
-carries depend only on that order (``stream.py`` numbers them alike on every rank).
+carries depend only on that order (``_protocol/stream.py`` numbers them alike on every
+rank).
 A call queued behind one that failed to agree fails with it; a nested call of the
 thread carrying one out (a hook) goes on. A call carried out is kept in the table for
 the fast repeat (``remember``). The tables live in ``memo.py`` (``StreamState``).
@@ -21,9 +22,9 @@ import attrs
 
 from .._compat import live_groups
 from .._core.errors import MeshMismatchError
+from .._protocol.stream import stream_words
 from .bounded import bound
 from .memo import state
-from .stream import stream_words
 
 if TYPE_CHECKING:
     from .call import Arguments, Call

@@ -7,9 +7,9 @@ whatever thread makes them (as torch's ``new_group`` requires). Inside
 Here is what every rank computes alike: a call's code, its number among the agreed
 calls, the running hash of the calls since the last agreement, and the call's place
 in the agreement's keys. What a process keeps per stream besides (its calls waiting
-for their turn, the axes and calls realized) is in ``memo.py``; ``turns.py`` serves
-repeats and orders the rest. Pure Python; the caller holds the memo lock around every
-method.
+for their turn, the axes and calls realized) is in ``_runtime/memo.py``;
+``_runtime/turns.py`` serves repeats and orders the rest. Pure Python; the caller holds
+the memo lock around every method.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .._compat.interruptible import peek
-from .agreement_records import CENSUS, Ticket, append, read_done, timed_out, wait_get
+from .records import CENSUS, Ticket, append, read_done, timed_out, wait_get
 
 if TYPE_CHECKING:
     from .._compat import Store

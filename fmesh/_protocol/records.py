@@ -1,8 +1,8 @@
 """The agreement's shared records and store helpers, and what ranks do when a call
 does not simply succeed (a mismatch, a timeout's census, a late rank).
 
-Used by ``agreement.py`` and ``recover.py``; every function takes the calling thread's
-connection and the call's ticket.
+Used by ``agreement.py`` and ``_runtime/recover.py``; every function takes the calling
+thread's connection and the call's ticket.
 """
 
 from __future__ import annotations

@@ -25,8 +25,7 @@ from .._compat.interruptible import Gate, interruptible_store, peek
 from .._core.errors import MeshMismatchError, PeerLostError
 from . import agreement as _agree
 from . import sentinel as _sentinel
-from .agreement_records import Ticket, append
-from .hooks import on_reset
+from .records import Ticket, append
 
 __all__ = [
     "GRACE",
@@ -35,6 +34,7 @@ __all__ = [
     "RATE",
     "SILENCE",
     "Watch",
+    "forget_addresses",
     "pending",
     "settings",
     "stream_of",
@@ -67,11 +67,11 @@ pending: dict[str, tuple[object, tuple[str, ...]]] = {}
 its next agreed call (whose agreement proves every rank left it)."""
 
 
-def _reset() -> None:
+def forget_addresses() -> None:
+    """Read every peer's sentinel address anew: the runtime calls this when its memo
+    is reset (``destroy``, a new default process group), whose ranks may be other
+    processes."""
     _addresses.clear()
-
-
-on_reset(_reset)
 
 
 def settings(ranks: int, timeout: datetime.timedelta | None) -> tuple[float, float]:

@@ -14,10 +14,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from .._core.errors import MeshMismatchError
-from . import agreement_records as _disagree
-from .agreement_records import CENSUS, POISON, Record, Ticket, append, wait_get
+from . import records as _records
 from .arrivals import wait_done
-from .hooks import on_reset
+from .records import CENSUS, POISON, Record, Ticket, append, wait_get
 
 if TYPE_CHECKING:
     from .._compat import Store
@@ -31,6 +30,7 @@ __all__ = [
     "agree",
     "count_keys",
     "failures",
+    "forget_connections",
     "new_connection",
     "thread_store",
     "weight",
@@ -56,11 +56,11 @@ _local = threading.local()
 _generation = [0]
 
 
-def _reset() -> None:
+def forget_connections() -> None:
+    """Make every thread clone its store connection anew: the runtime calls this when
+    its memo is reset (``destroy``, a new default process group), whose store may be
+    another one at the same address."""
     _generation[0] += 1
-
-
-on_reset(_reset)
 
 
 def _conn(store: Store) -> Store:
@@ -90,7 +90,7 @@ def thread_store(store: Store) -> Store:
 def new_connection(store: Store) -> Store:
     """A new client of the same store (the store itself if it cannot clone)."""
     try:
-        return cast("_disagree.Untyped", store).clone()
+        return cast("_records.Untyped", store).clone()
     except (RuntimeError, NotImplementedError):
         return store
 
@@ -146,7 +146,7 @@ def agree(
     try:
         s = conn.add(prefix + "n", w)
         if s >= POISON:
-            raise _disagree.late(conn, ticket)
+            raise _records.late(conn, ticket)
         # CENSUS: a rank waited long and opened the list of arrivals (arrivals.py).
         weights = s % CENSUS
         if weights == n * w:  # the last of n ranks with the same code
@@ -154,7 +154,7 @@ def agree(
             conn.delete_key(prefix + "n")
             return ticket
         if weights % w or weights > n * w:
-            raise _disagree.mismatch(conn, ticket)
+            raise _records.mismatch(conn, ticket)
         return wait_done(conn, ticket, w, timeout, listing=s >= CENSUS)
     except dist.DistError as err:
         raise _store_error(ticket, err) from err

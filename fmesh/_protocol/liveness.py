@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 from . import agreement as _agree
 from . import sentinel as _sentinel
-from .agreement_records import Ticket
+from .records import Ticket
 from .watch import Watch, pending, stream_of
 
 if TYPE_CHECKING:
