@@ -32,7 +32,7 @@ CODE = 0x5EED
 
 # == The adapter: fmesh's side of a creating call ==========================================
 # The only code here that knows how fmesh agrees and watches peers during a creating
-# call: it runs the steps of realize's ``_realize_new`` (fmesh/_runtime/realize.py) and
+# call: it runs the steps of ``creation.create_groups`` (fmesh/_runtime/creation.py) and
 # of ``groups.create``'s error path, with ``create`` in place of the group's creation.
 # When the watch changes (fmesh/_protocol/liveness.py), re-point these two functions at
 # it and widen SIZES; processes, counting, the server's CPU, torch's side and the rows

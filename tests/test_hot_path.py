@@ -22,7 +22,7 @@ from _dist import run_spawn
 
 import fmesh
 from bench.counting import CountingStore, agree_call, delta, per_call
-from fmesh._runtime import watch
+from fmesh._protocol import watch
 
 WORLD = 4
 
