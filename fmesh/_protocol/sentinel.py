@@ -7,9 +7,12 @@ thread holds the GIL for a long C call is slow, not dead. So each rank process s
 one *sentinel* (lazily, at its first realize call that creates groups): a child
 process running the stdlib-only program ``CODE`` (no torch, no fmesh: it starts in a
 few tens of milliseconds), in a session of its own (a terminal's Ctrl-C or Ctrl-Z for
-the job does not reach it). It listens on an ephemeral TCP port of the address that
-reaches the store's host, prints the port, and sends every connection a greeting (the
-token the rank published with its address) and then one byte every ``beat`` seconds.
+the job does not reach it). The rank itself binds an ephemeral TCP port of the address
+that reaches the store's host and hands the listening socket to the child, so its
+address is known at once and nothing waits for the child to start (a watcher that
+connects earlier waits in the socket's backlog). The child sends every connection a
+greeting (the token the rank published with its address) and then one byte every
+``beat`` seconds.
 It exits when its parent does: its stdin (a pipe only the parent holds) reaches end
 of file, ``PR_SET_PDEATHSIG`` signals it, or its parent process id changes. So a
 watcher connected to it (``liveness.py``) sees end of file within milliseconds of the
@@ -49,7 +52,7 @@ the store (written once per sentinel, read once per watcher and cached)."""
 
 CODE = r"""
 import os, select, signal, socket, sys, time
-token, host, beat, parent = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+token, fd, beat, parent = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 def gone(*_):
     if os.getppid() != parent:
         os._exit(0)
@@ -61,12 +64,7 @@ try:
 except Exception:
     pass
 gone()
-family = socket.AF_INET6 if ":" in host else socket.AF_INET
-srv = socket.socket(family, socket.SOCK_STREAM)
-srv.bind((host, 0))
-srv.listen(128)
-sys.stdout.write("%d\n" % srv.getsockname()[1])
-sys.stdout.flush()
+srv = socket.socket(fileno=fd)
 hello = ("fmesh-sentinel " + token + "\n").encode()
 peers = []
 due = time.monotonic() + beat
@@ -105,7 +103,9 @@ while True:
                 c.close()
                 peers.remove(c)
 """
-"""The sentinel's program (``python -I -S -c CODE token host beat parent``)."""
+"""The sentinel's program (``python -I -S -c CODE token fd beat parent``: ``fd`` is
+the listening socket the rank bound and passed). It writes nothing to its stdout: the
+rank reads that pipe's end of file as its death."""
 
 
 @final
@@ -133,7 +133,9 @@ def local_host(target: str | None) -> str:
     if not target:
         return "127.0.0.1"
     try:
-        info = socket.getaddrinfo(target, 1, type=socket.SOCK_DGRAM)[0]
+        # An ASCII name as bytes: a str would import the idna codec (~10 ms) first.
+        name = target.encode() if target.isascii() else target
+        info = socket.getaddrinfo(name, 1, type=socket.SOCK_DGRAM)[0]
         with socket.socket(info[0], socket.SOCK_DGRAM) as probe:
             probe.connect(info[4])
             return str(probe.getsockname()[0])
@@ -148,58 +150,48 @@ class Sentinel:
     def __init__(self, host: str, beat: float = BEAT) -> None:
         token = secrets.token_hex(8)
         started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-I",
-                "-S",
-                "-c",
-                CODE,
-                token,
-                host,
-                repr(beat),
-                str(os.getpid()),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # The child alone holds the listening socket once it runs: this process closes
+        # its copy, so a dead sentinel's port refuses connections at once.
+        with socket.socket(family, socket.SOCK_STREAM) as srv:
+            srv.bind((host, 0))
+            srv.listen(128)
+            port = int(srv.getsockname()[1])
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    "-c",
+                    CODE,
+                    token,
+                    str(srv.fileno()),
+                    repr(beat),
+                    str(os.getpid()),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                pass_fds=(srv.fileno(),),
+            )
         self.owner = os.getpid()
         out: IO[bytes] | None = self.proc.stdout
         assert out is not None
         self.stdout: IO[bytes] = out
-        self._host, self._token, self._started = host, token, started
-        self._address: Address | None = None
-        self._lock = threading.Lock()
-        self.startup_s = 0.0
-        """Seconds from its start to its port (measured once it is read)."""
+        self.address = Address(host, port, token)
+        """Where it listens (bound before it started: known at once)."""
+        self.startup_s = time.perf_counter() - started
+        """Seconds this process spent starting it (binding and spawning)."""
         self.published: object | None = None
         """The store this sentinel's address was published in (once per store)."""
-
-    @property
-    def address(self) -> Address:
-        """Where it listens (waits for its port the first time)."""
-        with self._lock:
-            if self._address is None:
-                line = _read_line(self.stdout, 30.0)
-                if not line.strip().isdigit():
-                    self.proc.kill()
-                    raise RuntimeError(
-                        f"fmesh: the liveness sentinel (pid {self.proc.pid}) did not "
-                        f"start: it printed {line!r}; set FMESH_PEER_WATCH=0 to run "
-                        "without it"
-                    )
-                self._address = Address(self._host, int(line), self._token)
-                self.startup_s = time.perf_counter() - self._started
-                logger.debug(
-                    "fmesh: sentinel pid %d listens on %s:%d (started in %.1f ms)",
-                    self.proc.pid,
-                    self._host,
-                    self._address.port,
-                    self.startup_s * 1e3,
-                )
-            return self._address
+        logger.debug(
+            "fmesh: sentinel pid %d listens on %s:%d (spawned in %.1f ms)",
+            self.proc.pid,
+            host,
+            port,
+            self.startup_s * 1e3,
+        )
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -229,11 +221,6 @@ class Sentinel:
                     f"{signal.Signals(-code).name}"
                 )
         return f"its liveness sentinel (pid {self.proc.pid}) exited with code {code}"
-
-
-def _read_line(out: IO[bytes], seconds: float) -> bytes:
-    ready = select.select([out], [], [], seconds)[0]
-    return out.readline() if ready else b""
 
 
 _lock = threading.Lock()
