@@ -286,3 +286,36 @@ def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str
         check=False,
         env=env,
     )
+
+
+def threaded_world(rank_main: Callable[[int], Any], world: int = 4) -> dict[int, Any]:
+    """``rank_main(rank)`` on ``world`` threads of this process, each a rank of torch's
+    threaded world (what torch's MultiThreadedTestCase sets up; typed loosely: testing
+    internals); each rank's result, or its error's repr."""
+    import importlib
+    import threading
+
+    import torch.distributed as dist
+
+    c10d: Any = importlib.import_module("torch._C._distributed_c10d")
+    threaded: Any = importlib.import_module(
+        "torch.testing._internal.distributed.multi_threaded_pg"
+    )
+    c10d._set_thread_isolation_mode(True)
+    threaded._install_threaded_pg()
+    store = c10d.HashStore()
+    results: dict[int, Any] = {}
+
+    def run(rank: int) -> None:
+        try:
+            dist.init_process_group("threaded", rank=rank, world_size=world, store=store)
+            results[rank] = rank_main(rank)
+        except BaseException as err:  # reported to the test
+            results[rank] = repr(err)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results

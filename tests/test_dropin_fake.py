@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from _compare import no_more_groups, results
-from _dist import run_spawn
+from _dist import run_spawn, threaded_world
 from dropin_facts import Facts, answers, init_errors, init_inputs, num_groups, operations
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -220,55 +220,34 @@ def test_a_trainer_sized_dry_run(fake: Facts) -> None:
 
 def threaded_job(_: int, __: int) -> dict[int, Any]:
     """Four ranks as threads of this process on torch's threaded backend."""
-    import threading
-
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh as torch_init
 
     from fmesh.device_mesh import init_device_mesh
 
-    # What torch's MultiThreadedTestCase does (typed loosely: testing internals).
-    c10d: Any = importlib.import_module("torch._C._distributed_c10d")
-    threaded: Any = importlib.import_module(
-        "torch.testing._internal.distributed.multi_threaded_pg"
-    )
-    c10d._set_thread_isolation_mode(True)
-    threaded._install_threaded_pg()
-    store = c10d.HashStore()
-    results: dict[int, Any] = {}
-
-    def rank_main(rank: int) -> None:
+    def rank_main(rank: int) -> object:
+        ours = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        theirs = torch_init("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        total = torch.ones(1) * rank
+        dist.all_reduce(total, group=ours["tp"].get_group())
+        # torch's own methods on it stay torch's too (the hook passes them on).
+        flat = ours._flatten("dp_tp")
         try:
-            dist.init_process_group("threaded", rank=rank, world_size=4, store=store)
-            ours = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-            theirs = torch_init("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-            total = torch.ones(1) * rank
-            dist.all_reduce(total, group=ours["tp"].get_group())
-            # torch's own methods on it stay torch's too (the hook passes them on).
-            flat = ours._flatten("dp_tp")
-            try:
-                fmesh.realize(fmesh.make_mesh({"dp": 2, "tp": 2}))
-                refused = ""
-            except fmesh.MeshError as err:
-                refused = str(err)
-            results[rank] = {
-                "refused": refused,
-                "equal": ours == theirs,
-                "coordinate": ours.get_coordinate(),
-                "tp_sum": float(total.item()),
-                "flat": flat.mesh.tolist(),
-                "fmesh_created": fmesh.cache_stats().created,
-            }
-        except BaseException as err:  # reported to the test
-            results[rank] = repr(err)
+            fmesh.realize(fmesh.make_mesh({"dp": 2, "tp": 2}))
+            refused = ""
+        except fmesh.MeshError as err:
+            refused = str(err)
+        return {
+            "refused": refused,
+            "equal": ours == theirs,
+            "coordinate": ours.get_coordinate(),
+            "tp_sum": float(total.item()),
+            "flat": flat.mesh.tolist(),
+            "fmesh_created": fmesh.cache_stats().created,
+        }
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return results
+    return threaded_world(rank_main)
 
 
 def test_threaded_worlds_get_torchs_own_mesh(tmp_path: Path) -> None:

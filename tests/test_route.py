@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from _dist import run_spawn
+from _dist import run_spawn, threaded_world
 from titan_recipe import count_new_group
 
 import fmesh
@@ -159,37 +159,17 @@ def test_route_reaches_every_holder_and_unroute_restores_torch(tmp_path: Path) -
 def threaded_job(_: int, __: int) -> dict[int, Any]:
     """Four ranks as threads on torch's threaded world, routed: the drop-in hands the
     call to torch's own function, which must not come back to it."""
-    import threading
-
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from fmesh.device_mesh import route
 
-    c10d: Any = importlib.import_module("torch._C._distributed_c10d")
-    threaded: Any = importlib.import_module(
-        "torch.testing._internal.distributed.multi_threaded_pg"
-    )
-    c10d._set_thread_isolation_mode(True)
-    threaded._install_threaded_pg()
-    store = c10d.HashStore()
     route()
-    results: dict[int, Any] = {}
 
-    def rank_main(rank: int) -> None:
-        try:
-            dist.init_process_group("threaded", rank=rank, world_size=4, store=store)
-            dm = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-            results[rank] = (dm.get_coordinate(), fmesh.cache_stats().created)
-        except BaseException as err:  # reported to the test
-            results[rank] = repr(err)
+    def rank_main(rank: int) -> object:
+        dm = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        return (dm.get_coordinate(), fmesh.cache_stats().created)
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return results
+    return threaded_world(rank_main)
 
 
 def test_routed_threaded_worlds_get_torchs_own_mesh(tmp_path: Path) -> None:
