@@ -18,7 +18,6 @@ import fmesh
 from fmesh import _compat as _c10d
 from fmesh._core.queries import placement
 from fmesh._core.rank_map import rank_map_key
-from fmesh._runtime import creation as _creation
 from fmesh._runtime import groups as _groups
 from fmesh._runtime import launch as _launch
 from fmesh._runtime import memo as _memo
@@ -82,8 +81,9 @@ def _axis_group(
         explicit=explicit,
         ranks=ranks[pos],
         key=(mesh.axes[pos], mesh.index_size, rank_map_key(mesh), backend, 0),
+        served=_launch.serves(world, mesh, mesh.axes[pos], backend, None),
     )
-    pg, _ = _creation.axis_group(request, world, None, None)
+    pg, _ = _groups.axis_group(request, world, None, None)
     return pg
 
 

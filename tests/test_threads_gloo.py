@@ -181,24 +181,25 @@ def test_threads_that_race_into_other_orders_raise(tmp_path: Path) -> None:
 
 
 def test_a_streams_calls_take_turns_and_a_failure_dooms_those_queued() -> None:
-    """The turn bookkeeping alone (``StreamState``; ``turns.turn`` holds the lock around
-    it)."""
+    """The turn bookkeeping alone (``turns.enter`` ... ``leave`` on a ``StreamState``;
+    ``turns.turn`` holds the lock around it)."""
     from fmesh._protocol.stream import Stream
     from fmesh._runtime.memo import StreamState
+    from fmesh._runtime.turns import doomed_by, enter, leave, ready
 
     s = StreamState(Stream("t"))
-    first, second = s.enter(), s.enter()
-    assert s.ready(first) and not s.ready(second)
-    s.leave(first, "ranks 0 and 1 disagree at realize call #1")
-    assert s.ready(second)
-    assert s.doomed(second) == "ranks 0 and 1 disagree at realize call #1"
-    s.leave(second)
-    later = s.enter()  # started after the failure: it goes ahead
-    assert s.ready(later) and s.doomed(later) == ""
-    s.leave(later)
-    alone = s.enter()
-    s.leave(alone, "a failure with nobody queued")
-    assert s.doomed(s.enter()) == ""
+    first, second = enter(s), enter(s)
+    assert ready(s, first) and not ready(s, second)
+    leave(s, first, "ranks 0 and 1 disagree at realize call #1")
+    assert ready(s, second)
+    assert doomed_by(s, second) == "ranks 0 and 1 disagree at realize call #1"
+    leave(s, second)
+    later = enter(s)  # started after the failure: it goes ahead
+    assert ready(s, later) and doomed_by(s, later) == ""
+    leave(s, later)
+    alone = enter(s)
+    leave(s, alone, "a failure with nobody queued")
+    assert doomed_by(s, enter(s)) == ""
 
 
 def test_stream_names_are_checked() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -31,6 +32,7 @@ __all__ = [
     "count_keys",
     "failures",
     "forget_connections",
+    "give_up",
     "new_connection",
     "thread_store",
     "weight",
@@ -137,12 +139,12 @@ def agree(
     """
     import torch.distributed as dist
 
-    ticket = Ticket(store, rank, ranks, prefix, where, record, closing)
+    conn = _conn(store)
+    ticket = Ticket(store, rank, ranks, prefix, where, record, closing, conn=conn)
     n = len(ranks)
     if n <= 1:
         return ticket
     w = weight(code, n)
-    conn = _conn(store)
     try:
         s = conn.add(prefix + "n", w)
         if s >= POISON:
@@ -171,16 +173,30 @@ def _store_error(ticket: Ticket, err: Exception) -> MeshMismatchError:
 # -- after agreement --------------------------------------------------------------------
 
 
+def give_up(ticket: Ticket, why: str, among: Sequence[int], grace: float) -> dict[int, str]:
+    """This rank gives up on ``ticket``'s agreed call (``why``: its group creation
+    failed), telling the others; returns why members of ``among`` gave up on it, by
+    rank, waiting up to ``grace`` seconds for a first report (a peer's own timeout can
+    end a moment after ours)."""
+    abort(ticket, why)
+    deadline = time.monotonic() + grace
+    while True:
+        found = {r: m for r, m in failures(ticket).items() if r != ticket.rank and r in among}
+        if found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.1)
+
+
 def abort(ticket: Ticket, message: str) -> None:
     """Tell the other ranks why this rank gave up on ``ticket``'s call after it was
     agreed (group creation failed here); they read it with ``failures``."""
-    append(_conn(ticket.store), ticket.prefix + "failed", f"{ticket.rank}\x1f{message}\x1e")
+    append(ticket.conn, ticket.prefix + "failed", f"{ticket.rank}\x1f{message}\x1e")
 
 
 def failures(ticket: Ticket, wait: float = 0.0) -> dict[int, str]:
     """Why other ranks gave up on ``ticket``'s call (``abort``), by rank, waiting
     up to ``wait`` seconds for a first report."""
-    raw = wait_get(_conn(ticket.store), ticket.prefix + "failed", wait)
+    raw = wait_get(ticket.conn, ticket.prefix + "failed", wait)
     if raw is None:
         return {}
     out: dict[int, str] = {}

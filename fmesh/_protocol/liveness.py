@@ -48,6 +48,7 @@ __all__ = [
     "start",
     "store_for_creation",
     "warm",
+    "watching",
 ]
 
 logger = logging.getLogger("fmesh")
@@ -117,9 +118,8 @@ def after_agreement(ticket: Ticket) -> None:
     deletes what that call left (two keys, if it ended well)."""
     store, keys = pending.pop(stream_of(ticket.prefix), (None, ()))
     if keys and store is ticket.store and ticket.rank == ticket.ranks[0]:
-        conn = _agree.thread_store(ticket.store)
         for key in keys:
-            conn.delete_key(key)
+            ticket.conn.delete_key(key)
 
 
 def start(ticket: Ticket | None, timeout: datetime.timedelta | None) -> Watch | None:
@@ -132,12 +132,21 @@ def start(ticket: Ticket | None, timeout: datetime.timedelta | None) -> Watch | 
 
 
 @contextlib.contextmanager
-def active(watch: Watch | None) -> Iterator[None]:
+def watching(
+    ticket: Ticket | None, timeout: datetime.timedelta | None
+) -> Iterator[Watch | None]:
+    """``start``, the watch this thread's current one (``current()``) for the block."""
+    with active(start(ticket, timeout)) as watch:
+        yield watch
+
+
+@contextlib.contextmanager
+def active(watch: Watch | None) -> Iterator[Watch | None]:
     """Make ``watch`` this thread's current one (``current()``) for the block."""
     previous = getattr(_local, "watch", None)
     _local.watch = watch
     try:
-        yield
+        yield watch
     finally:
         _local.watch = previous
 

@@ -133,6 +133,11 @@ class Ticket:
     listed: bool = False
     """This rank opened the list of arrivals (``arrivals.py``) of a call with a closing
     barrier: it removes ``P+"arr"`` and ``P+"late"`` once the call is over."""
+    conn: Store = attrs.field(
+        kw_only=True, default=attrs.Factory(lambda self: self.store, takes_self=True)
+    )
+    """The connection of the thread that agreed (``agreement.thread_store``): the call's
+    watch and its failure reports use it too (the store itself on the main thread)."""
 
     @property
     def summary(self) -> str:

@@ -116,7 +116,7 @@ class Watch:
         if ticket.ranks[(ticket.ranks.index(ticket.rank) + 1) % self.n] not in _addresses:
             self._last_read += min(self.interval, INTERVAL)  # its first: ``_address``
         self._gate = Gate()
-        self._conn = _agree.thread_store(ticket.store)
+        self._conn = ticket.conn
         """This thread's connection, shared with the watch thread (turns: ``_gate``)."""
         why = "fmesh: this call was given up (a rank was lost or failed): waiting stopped"
         self.store = interruptible_store(

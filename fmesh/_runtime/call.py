@@ -159,9 +159,10 @@ def expand(args: Arguments) -> Call:
                 ranks=members,
                 key=(layout, mesh.index_size, rank_map, b, oid),
                 timeout=args.timeout,
+                served=s,
             )
-            for name, layout, b, (_, named), (o, _), oid, members in zip(
-                mesh.axis_names, mesh.axes, backends, *axis_args, ids, ranks_per_axis
+            for name, layout, b, (_, named), (o, _), oid, members, s in zip(
+                mesh.axis_names, mesh.axes, backends, *axis_args, ids, ranks_per_axis, served
             )
         )
         # A group destroyed or aborted since is forgotten: its axis is new again.

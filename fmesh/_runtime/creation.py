@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import datetime
 import logging
-import threading
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .._core.errors import PeerLostError
 from .._protocol import liveness
 from .._protocol.agreement import KEY_ROOT, Record, Ticket, agree
-from .groups import create
+from .groups import axis_group
 from .hooks import run_creating_call_hooks
 from .memo import state
 
@@ -27,10 +25,8 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from .call import Call
-    from .groups import AxisRequest
-    from .launch import World
 
-__all__ = ["axis_group", "create_groups"]
+__all__ = ["create_groups"]
 
 logger = logging.getLogger("fmesh")
 
@@ -40,13 +36,19 @@ def create_groups(call: Call) -> tuple[dict[str, ProcessGroup], int]:
     every axis under the peer watch, waiting at the end for every rank to have made
     its own. Returns (axis name -> group, how many groups it created); on failure,
     forgets and destroys the groups it created, and raises."""
-    ticket = _agree(call)
+    from .._compat import default_timeout
+
     world, timeout = call.world, call.args.timeout
+    # Without a timeout, a late rank is waited for as long as torch's ``new_group``
+    # would: its default for the backend (the longest of the call's backends).
+    backends = {r.backend for r in call.requests} or {world.backend}
+    patience = timeout or max(default_timeout(b) for b in backends)
+    ticket = _agree(call, patience)
     groups: dict[str, ProcessGroup] = {}
     made: list[ProcessGroup] = []
-    watch = liveness.start(ticket, timeout)
+    watch = None
     try:
-        with liveness.active(watch):
+        with liveness.watching(ticket, timeout) as watch:
             for request in call.requests:
                 pg, fresh = axis_group(request, world, timeout, ticket)
                 if fresh and pg is not None:
@@ -54,11 +56,8 @@ def create_groups(call: Call) -> tuple[dict[str, ProcessGroup], int]:
                 if pg is not None:
                     groups[request.name] = pg
             if watch is not None:
-                from .._compat import default_timeout
-
                 # Every peer's creation of each group is bounded by the timeout, and a
                 # peer that fails or dies says so at once: wait for the slowest.
-                patience = timeout or default_timeout(world.backend)
                 watch.finish(patience * (len(call.requests) + 1))
     except BaseException as err:
         if watch is not None:
@@ -72,7 +71,7 @@ def create_groups(call: Call) -> tuple[dict[str, ProcessGroup], int]:
     return groups, len(made)
 
 
-def _agree(call: Call) -> Ticket | None:
+def _agree(call: Call, timeout: datetime.timedelta) -> Ticket | None:
     """Agree on ``call`` with every rank if it creates groups (``fmesh plan``'s hooks
     see every such call, fake worlds included); ``None`` if nobody needs to."""
     if not call.agrees:
@@ -94,52 +93,13 @@ def _agree(call: Call) -> Ticket | None:
         ranks=call.ranks,
         code=turn.code,
         record=lambda: Record(me, turn.code, str(summary), turn.history),
-        timeout=call.args.timeout or _torch_timeout(call.requests, world),
+        timeout=timeout,
         prefix=f"{KEY_ROOT}{call.generation}/{turn.key}",
         where=turn.where,
         closing=watched,
     )
     liveness.after_agreement(ticket)
     return ticket
-
-
-def axis_group(
-    request: AxisRequest,
-    world: World,
-    timeout: datetime.timedelta | None,
-    ticket: Ticket | None,
-) -> tuple[ProcessGroup | None, int]:
-    """This rank's group along one axis: from the axis memo, else created once per
-    process (a thread that finds another creating it waits for that creation, then
-    looks again). Returns (group, 1 if this call created it else 0)."""
-    key = request.key
-    while True:
-        with state.lock:
-            if key in state.axis_memo:
-                state.reused += 1
-                return state.axis_memo[key], 0
-            event = state.in_flight.get(key)
-            mine = event is None
-            if event is None:
-                event = state.in_flight[key] = threading.Event()
-        if mine:
-            break
-        event.wait()
-    try:
-        pg, made = create(request, world, timeout, ticket)
-        with state.lock:
-            state.axis_memo[key] = pg
-            if made:
-                assert pg is not None
-                state.created_pgs.append(pg)
-                state.created += 1
-            else:
-                state.reused += 1
-        return pg, made
-    finally:
-        with state.lock:
-            del state.in_flight[key]
-        event.set()
 
 
 def _forget(made: list[ProcessGroup]) -> None:
@@ -163,12 +123,3 @@ def _forget(made: list[ProcessGroup]) -> None:
             dist.destroy_process_group(pg)
         except (RuntimeError, ValueError) as err:  # already gone
             logger.debug("fmesh: destroying a group of a failed call: %s", err)
-
-
-def _torch_timeout(requests: Sequence[AxisRequest], world: World) -> datetime.timedelta:
-    """How long torch's ``new_group`` waits for a late rank without a timeout: its
-    default for the backend (the longest of the call's backends)."""
-    from .._compat import default_timeout
-
-    backends = {r.backend for r in requests} or {world.backend}
-    return max(default_timeout(b) for b in backends)

@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import datetime
 import logging
-import time
+import threading
 from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, final
 
@@ -25,7 +25,7 @@ from .._core.rank_map import rank_map_info
 from .._protocol import agreement as _agree
 from .._protocol import liveness
 from .._protocol.stream import ranks_digest
-from .launch import World, serves
+from .launch import World
 from .memo import GroupKey, state
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from .._compat import Store
 
-__all__ = ["AxisRequest", "create", "describing_groups"]
+__all__ = ["AxisRequest", "axis_group", "describing_groups"]
 
 logger = logging.getLogger("fmesh")
 
@@ -85,17 +85,14 @@ class AxisRequest:
     timeout: datetime.timedelta | None = None
     """The call's timeout: a group made with one is not the default group (and its
     ``options_id`` tells it from groups made without, see ``call.py``)."""
+    served: bool = False
+    """The default group is this axis's group on every rank (no timeout of the call's
+    own, ``launch.serves``): no second communicator."""
 
     @property
     def members(self) -> tuple[int, ...] | None:
         """This rank's group in coordinate order; ``None`` off the mesh."""
         return self.ranks if self.member else None
-
-    def served_by_world(self, world: World) -> bool:
-        """The default group is this axis's group on every rank (O(1))."""
-        return self.timeout is None and serves(
-            world, self.mesh, self.layout, self.backend, self.options
-        )
 
 
 # -- one axis ------------------------------------------------------------------------------
@@ -109,17 +106,56 @@ def _size_one_backend(request: AxisRequest, world: World) -> tuple[str, object, 
     return ("fake" if world.fake else "gloo"), None, 0
 
 
-def create(
+def axis_group(
+    request: AxisRequest,
+    world: World,
+    timeout: datetime.timedelta | None,
+    ticket: _agree.Ticket | None,
+) -> tuple[ProcessGroup | None, int]:
+    """This rank's group along one axis: from the axis memo, else created once per
+    process (a thread that finds another creating it waits for that creation, then
+    looks again). Returns (group, 1 if this call created it else 0)."""
+    key = request.key
+    while True:
+        with state.lock:
+            if key in state.axis_memo:
+                state.reused += 1
+                return state.axis_memo[key], 0
+            event = state.in_flight.get(key)
+            mine = event is None
+            if event is None:
+                event = state.in_flight[key] = threading.Event()
+        if mine:
+            break
+        event.wait()
+    try:
+        pg, made = _create(request, world, timeout, ticket)
+        with state.lock:
+            state.axis_memo[key] = pg
+            if made:
+                assert pg is not None
+                state.created_pgs.append(pg)
+                state.created += 1
+            else:
+                state.reused += 1
+        return pg, made
+    finally:
+        with state.lock:
+            del state.in_flight[key]
+        event.set()
+
+
+def _create(
     request: AxisRequest,
     world: World,
     timeout: datetime.timedelta | None,
     ticket: _agree.Ticket | None,
 ) -> tuple[ProcessGroup | None, int]:
     """Make (or find) this rank's group along one axis; returns (group, 1 if created
-    else 0). The caller keeps it in the axis memo (``creation.axis_group``)."""
+    else 0). The caller keeps it in the axis memo (``axis_group``)."""
     from .._compat import default_timeout
 
-    if request.member and request.served_by_world(world):
+    if request.member and request.served:
         # The whole world in rank order is the default group: no second communicator.
         # Every rank is a member, so every rank decides this alike (no collective).
         return world.pg, 0
@@ -248,8 +284,12 @@ def _new_group(
         )
         if found is not None:
             raise found from err
-        _agree.abort(ticket, f"it could not create the group {list(ranks)}: {err}")
-        gave_up = _peer_failures(ticket, ranks, me, grace=min(timeout.total_seconds(), 5.0))
+        gave_up = _agree.give_up(
+            ticket,
+            f"it could not create the group {list(ranks)}: {err}",
+            among=ranks,
+            grace=min(timeout.total_seconds(), 5.0),
+        )
         others = [r for r in ranks if r != me]
         why = (
             "; ".join(f"rank {r} gave up: {m}" for r, m in sorted(gave_up.items()))
@@ -262,20 +302,6 @@ def _new_group(
             f"every rank agreed on {ticket.where} ({ticket.summary}): {why} "
             f"(torch said: {err})"
         ) from err
-
-
-def _peer_failures(
-    ticket: _agree.Ticket, ranks: tuple[int, ...], me: int, grace: float
-) -> dict[int, str]:
-    """Why other members of ``ranks`` gave up on this call, waiting up to ``grace``
-    seconds for a first report (a peer's own timeout can end a moment after ours)."""
-    deadline = time.monotonic() + grace
-    while True:
-        reports = _agree.failures(ticket)
-        found = {r: why for r, why in reports.items() if r != me and r in ranks}
-        if found or time.monotonic() >= deadline:
-            return found
-        time.sleep(0.1)
 
 
 def _split(

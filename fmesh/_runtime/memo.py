@@ -54,8 +54,8 @@ logger = logging.getLogger("fmesh")
 class StreamState:
     """What this process keeps per stream: the numbering every rank computes alike
     (``stream``), the axes and calls realized in it, and its calls that are not
-    repeats, carried out one at a time in the order they started (``enter`` /
-    ``leave``): which calls are hits and what the next agreement carries then depend
+    repeats, carried out one at a time in the order they started (``turns.py``):
+    which calls are hits and what the next agreement carries then depend
     only on that order, never on how threads interleave inside a call. Under the lock.
     """
 
@@ -71,7 +71,7 @@ class StreamState:
     a call is a hit: ``known`` decides that, alike on every rank; a dropped call is
     only laid out again (microseconds)."""
     queued: int = 0
-    """Tickets handed out to calls that are not repeats (``enter``)."""
+    """Tickets handed out to calls that are not repeats (``turns.enter``)."""
     served: int = 0
     """The last ticket whose call is done: ticket ``served + 1`` goes next."""
     holder: int | None = None
@@ -79,26 +79,6 @@ class StreamState:
     doomed_through: int = 0
     """Tickets up to this one were queued behind a call that failed: they fail too."""
     failure: str = ""
-
-    def enter(self) -> int:
-        """A ticket for a call that is not a repeat: it waits for ``ready``."""
-        self.queued += 1
-        return self.queued
-
-    def ready(self, ticket: int) -> bool:
-        return self.served == ticket - 1
-
-    def doomed(self, ticket: int) -> str:
-        """Why a call queued behind a failed one fails with it ("" if it does not)."""
-        return self.failure if ticket <= self.doomed_through else ""
-
-    def leave(self, ticket: int, failure: str = "") -> None:
-        """The call of ``ticket`` is done; a ``failure`` dooms the calls queued
-        behind it (ranks whose calls raced into other orders raise together)."""
-        self.served = ticket
-        self.holder = None
-        if failure and self.queued > ticket:
-            self.doomed_through, self.failure = self.queued, failure
 
 
 _timeout_tags: dict[tuple[int, datetime.timedelta], object] = {}
@@ -112,7 +92,7 @@ class State:
     turns: threading.Condition = attrs.field(
         default=attrs.Factory(lambda self: threading.Condition(self.lock), takes_self=True)
     )
-    """Signalled (under ``lock``) when a stream's call is done (``Stream.leave``)."""
+    """Signalled (under ``lock``) when a stream's call is done (``turns.leave``)."""
     world: object | None = None
     """The default group the memo belongs to."""
     generation: int = 0

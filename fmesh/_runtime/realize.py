@@ -6,7 +6,8 @@ served from its stream's table, else the call's turn in its stream (``turns.py``
 the new call laid out, its number in the stream taken (``call.py``); agreed with
 every rank and this rank's groups created under the peer watch (``creation.py``,
 over ``groups.py`` and the protocol's ``agreement.py`` and ``liveness.py``); the call
-kept for the fast repeat (``turns.py``). Details: ``docs/design/agreement-protocol.md``.
+kept for the fast repeat as its turn ends (``turns.py``). Details:
+``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .call import checked, expand
 from .creation import create_groups
 from .hooks import run_realized_hooks
 from .realized_mesh import RealizedMesh
-from .turns import remember, turn
+from .turns import turn
 
 if TYPE_CHECKING:
     from .._compat import BackendOptions
@@ -94,9 +95,9 @@ def realize(
             a non-positive timeout.
     """
     args = checked(mesh, backend, options, timeout, check)
-    with turn(args) as repeat:
-        if repeat is not None:
-            return repeat
+    with turn(args) as slot:
+        if slot.repeat is not None:
+            return slot.repeat
         start = time.perf_counter()
         liveness.warm()  # this process's sentinel starts while the call is laid out
         call = expand(args)
@@ -108,7 +109,7 @@ def realize(
             groups=types.MappingProxyType(groups),
             created=created,
         )
-        remember(call, realized)
+        slot.kept = (call, realized)  # kept for the fast repeat as the turn ends
         run_realized_hooks(mesh, groups)
         logger.info(
             "fmesh.realize %r on rank %d: %d groups created, %d from memo, %.1f ms",

@@ -8,7 +8,8 @@ carries depend only on that order (``_protocol/stream.py`` numbers them alike on
 rank).
 A call queued behind one that failed to agree fails with it; a nested call of the
 thread carrying one out (a hook) goes on. A call carried out is kept in the table for
-the fast repeat (``remember``). The tables live in ``memo.py`` (``StreamState``).
+the fast repeat when its turn ends well (``remember``). The tables live in ``memo.py``
+(``StreamState``).
 """
 
 from __future__ import annotations
@@ -28,20 +29,33 @@ from .memo import state
 
 if TYPE_CHECKING:
     from .call import Arguments, Call
+    from .memo import StreamState
     from .realized_mesh import RealizedMesh
 
-__all__ = ["remember", "replay", "turn"]
+__all__ = ["Slot", "doomed_by", "enter", "leave", "ready", "remember", "replay", "turn"]
+
+
+@attrs.define(slots=True)
+class Slot:
+    """A call's turn, as the block of ``turn`` sees it."""
+
+    repeat: RealizedMesh | None
+    """A repeat's value: the block returns it and carries nothing out."""
+    kept: tuple[Call, RealizedMesh] | None = None
+    """What the block carried out, set by the block: kept for the fast repeat
+    (``remember``) when the block ends well."""
 
 
 @contextlib.contextmanager
-def turn(args: Arguments) -> Iterator[RealizedMesh | None]:
-    """A repeat's value (a hit, without waiting), else ``None`` once the call's turn in
-    its stream has come (or a repeat's value if another thread made the same call
-    meanwhile): the block then carries the call out, and the next call goes after it.
-    A ``MeshMismatchError`` out of the block dooms the calls queued behind it."""
+def turn(args: Arguments) -> Iterator[Slot]:
+    """A repeat's value (a hit, without waiting), else the call's turn in its stream
+    once it has come (or a repeat's value if another thread made the same call
+    meanwhile): the block then carries the call out, sets ``Slot.kept``, and the next
+    call goes after it. What the block carried out is kept for the fast repeat when it
+    ends well; a ``MeshMismatchError`` out of it dooms the calls queued behind it."""
     repeat = replay(args)
     if repeat is not None:
-        yield repeat
+        yield Slot(repeat)
         return
     me = threading.get_ident()
     name = args.stream_name
@@ -49,15 +63,18 @@ def turn(args: Arguments) -> Iterator[RealizedMesh | None]:
         stream = state.stream(name)
         nested = stream.holder == me
         if not nested:
-            ticket = stream.enter()
-            state.turns.wait_for(lambda: stream.ready(ticket))
+            ticket = enter(stream)
+            state.turns.wait_for(lambda: ready(stream, ticket))
             stream.holder = me
-            doomed = stream.doomed(ticket)
+            doomed = doomed_by(stream, ticket)
             if doomed:
-                stream.leave(ticket)
+                leave(stream, ticket)
                 state.turns.notify_all()
     if nested:
-        yield replay(args)
+        slot = Slot(replay(args))
+        yield slot
+        if slot.kept is not None:
+            remember(*slot.kept)
         return
     if doomed:
         raise MeshMismatchError(
@@ -70,14 +87,44 @@ def turn(args: Arguments) -> Iterator[RealizedMesh | None]:
     failure = ""
     try:
         # Another thread may have made the same call while this one waited its turn.
-        yield replay(args)
+        slot = Slot(replay(args))
+        yield slot
+        if slot.kept is not None:
+            remember(*slot.kept)
     except MeshMismatchError as err:
         failure = str(err).split(";")[0][:200]
         raise
     finally:
         with state.lock:
-            stream.leave(ticket, failure)
+            leave(stream, ticket, failure)
             state.turns.notify_all()
+
+
+# -- a stream's queue of calls that are not repeats, under the lock -----------------------
+
+
+def enter(stream: StreamState) -> int:
+    """A ticket for a call that is not a repeat: it waits for ``ready``."""
+    stream.queued += 1
+    return stream.queued
+
+
+def ready(stream: StreamState, ticket: int) -> bool:
+    return stream.served == ticket - 1
+
+
+def doomed_by(stream: StreamState, ticket: int) -> str:
+    """Why a call queued behind a failed one fails with it ("" if it does not)."""
+    return stream.failure if ticket <= stream.doomed_through else ""
+
+
+def leave(stream: StreamState, ticket: int, failure: str = "") -> None:
+    """The call of ``ticket`` is done; a ``failure`` dooms the calls queued behind it
+    (ranks whose calls raced into other orders raise together)."""
+    stream.served = ticket
+    stream.holder = None
+    if failure and stream.queued > ticket:
+        stream.doomed_through, stream.failure = stream.queued, failure
 
 
 def replay(args: Arguments) -> RealizedMesh | None:
