@@ -1,30 +1,34 @@
-"""What the fake-backend rows measure, one worker per kind of row.
+"""What the rows measure: one worker per kind of row, on a fake world or a gloo rank.
 
 Every worker runs in a fresh process (:mod:`bench.launch`; process groups are
-process-global) and returns ``{impl: {metric: value}}`` for the library it was given
-(``spec["impl"]``) or for both, when the two must share a process (pure ops and memo
-hits interleave their batches; a value's size is measured side by side). fmesh's side
-uses only the public API, so the rows measure whatever the implementation becomes;
-torch's side is :mod:`bench.torch_ref`. A worker that builds a large world first builds
-a small one and tears it down (:func:`fresh_world`), so that neither library's one-time
-costs (first-use imports, code run for the first time) are timed.
+process-global) and returns ``{impl: {figure: value}}`` for the library it was given
+(``spec["impl"]``), or for both where the two share a process (pure ops and memo hits
+interleave their batches; a value's size is measured side by side). A gloo worker runs
+on every rank of a job. A recipe is written once over its steps (``mesh``,
+``flatten``, ``unflatten``, ``done``): fmesh's steps use only its public API (so the rows
+measure whatever the implementation becomes), torch's are :data:`bench.torch_ref.OPS`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+import importlib
 import itertools
 import math
 import pickle
+import resource
+import statistics
 import time
 import tracemalloc
+import types
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import fmesh
 
-from . import torch_ref
+from . import titan, torch_ref
 from .shared import (
     EXPERT_NAMES,
     FLATTENS,
@@ -32,6 +36,7 @@ from .shared import (
     SHAPES,
     TRAINER_FLATTENS,
     Json,
+    batches,
     calibrate,
     deep_size,
     expert_shape,
@@ -47,93 +52,135 @@ from .shared import (
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-WARM_UP = 64
-"""The world a worker warms up on before building its measured one."""
-Recipe = Callable[[Sequence[int]], object]
-
-
-def fresh_world(world: int, warm_up: Callable[[int], object], freeze: bool = False) -> None:
-    """Run ``warm_up(WARM_UP)`` on a small fake world, tear it down, then start the
-    fake world of ``world`` ranks (``freeze``: move what exists out of the collector's
-    reach: a full collection would otherwise copy the fork server's heap)."""
-    torch_ref.init_fake(WARM_UP)
-    warm_up(WARM_UP)
-    torch_ref.teardown()
-    torch_ref.init_fake(world)
-    if freeze:
-        gc.collect()
-        gc.freeze()
-
-
-# -- recipes: the meshes a trainer builds -------------------------------------------------
-
 
 def _sizes(names: Sequence[str], shape: Sequence[int]) -> dict[str, int]:
     return dict(zip(names, shape, strict=True))
 
 
-def fmesh_trainer5(shape: Sequence[int]) -> object:
-    """realize the 5-d mesh and the 1-d mesh of each of its three flattens."""
-    mesh = fmesh.make_mesh(_sizes(NAMES, shape))
-    flats = [fmesh.slice(fmesh.flatten(mesh, axes, name), name) for axes, name in FLATTENS]
-    return [fmesh.realize(m) for m in (mesh, *flats)]
+FMESH = types.SimpleNamespace(
+    mesh=lambda shape, names: fmesh.make_mesh(_sizes(names, shape)),
+    flatten=lambda m, axes, name: fmesh.slice(fmesh.flatten(m, axes, name), name),
+    unflatten=lambda m, shape, names: fmesh.unflatten(
+        m, m.axis_names[0], _sizes(names, shape)
+    ),
+    done=lambda meshes: [fmesh.realize(m) for m in meshes],
+)
+"""The steps of a recipe with fmesh: pure values, then one realize each."""
+OPS = {"fmesh": FMESH, "torch": torch_ref.OPS}
 
 
-def fmesh_titan(shape: Sequence[int]) -> object:
-    """torchtitan's meshes as one value: the world, unflattened twice, flattened."""
-    root = fmesh.make_mesh({"world": math.prod(shape)})
-    dense = fmesh.unflatten(root, "world", _sizes(NAMES, shape))
-    expert = fmesh.unflatten(root, "world", _sizes(EXPERT_NAMES, expert_shape(shape)))
-    flats = [
-        fmesh.slice(fmesh.flatten(dense, axes, name), name) for axes, name in TRAINER_FLATTENS
-    ]
-    return [fmesh.realize(m) for m in (root, dense, expert, *flats)]
+def trainer5(ops: Any, shape: Sequence[int]) -> list[object]:
+    """The 5-d mesh and the 1-d mesh of each of its three flattens."""
+    mesh = ops.mesh(shape, NAMES)
+    return list(ops.done([mesh, *(ops.flatten(mesh, a, name) for a, name in FLATTENS)]))
 
 
-def fmesh_world_1d(shape: Sequence[int]) -> object:
-    return fmesh.realize(fmesh.make_mesh({"world": math.prod(shape)}))
+def titan_meshes(ops: Any, shape: Sequence[int]) -> list[object]:
+    """torchtitan's meshes: a 1-d world unflattened into the dense and expert views, and
+    the three flattens of the dense one."""
+    world = ops.mesh((math.prod(shape),), ("world",))
+    dense = ops.unflatten(world, shape, NAMES)
+    expert = ops.unflatten(world, expert_shape(shape), EXPERT_NAMES)
+    flats = [ops.flatten(dense, axes, name) for axes, name in TRAINER_FLATTENS]
+    return list(ops.done([world, dense, expert, *flats]))
 
 
-RECIPES: dict[str, dict[str, Recipe]] = {
-    "trainer5": {"fmesh": fmesh_trainer5, "torch": torch_ref.trainer5},
-    "titan": {"fmesh": fmesh_titan, "torch": torch_ref.titan},
-    "world_1d": {"fmesh": fmesh_world_1d, "torch": torch_ref.world_1d},
-}
+def world_1d(ops: Any, shape: Sequence[int]) -> list[object]:
+    """A 1-d mesh over the whole world (torch reuses the default group for it)."""
+    return list(ops.done([ops.mesh((math.prod(shape),), ("world",))]))
 
 
-def realize(spec: Json) -> Json:
-    """One recipe of one library on a fake world: wall time, groups the rank holds,
-    group-creation calls (torch: ``new_group`` calls; fmesh: groups it created), peak
-    RSS growth, and with ``trace`` tracemalloc's retained and peak bytes."""
-    impl, world, trace = spec["impl"], spec["world"], spec.get("trace", False)
-    fn = RECIPES[spec["recipe"]][impl]
-    fresh_world(world, lambda w: fn(SHAPES[w]))
+RECIPES = {"trainer5": trainer5, "titan": titan_meshes, "world_1d": world_1d}
+
+
+def init_device_mesh_of(impl: str) -> Callable[..., DeviceMesh]:
+    """``fmesh.device_mesh.init_device_mesh`` or torch's, by name."""
+    if impl == "fmesh":
+        from fmesh.device_mesh import init_device_mesh
+
+        return init_device_mesh
+    from torch.distributed.device_mesh import init_device_mesh as torch_init
+
+    return torch_init
+
+
+def _builder(spec: Json) -> Callable[[int], Callable[[], object]]:
+    """The call :func:`build` times at a world size (a gloo job: its shape)."""
+    impl, what, gloo = spec["impl"], spec["what"], "port" in spec
+
+    def shape(world: int) -> tuple[int, ...]:
+        return tuple(spec["shape"]) if gloo else SHAPES[world]
+
+    if what == "torchtitan":
+        init, _ = init_device_mesh_of(impl), titan.example()  # loaded before timing
+        return lambda w: lambda: titan.build_mesh(init, w, spec["spmd"])
+    if what == "dropin":
+        init = init_device_mesh_of(impl)
+        return lambda w: lambda: init("cpu", shape(w), mesh_dim_names=NAMES)
+    return lambda w: functools.partial(RECIPES[what], OPS[impl], shape(w))
+
+
+def build(spec: Json) -> Json:
+    """One library's build (``spec["what"]``): as rank 0 of a fake world of
+    ``spec["world"]`` ranks, after a warm-up on a small one, or on one rank of a gloo
+    job, between barriers. Its wall time and process CPU time; groups the rank holds
+    and group-creation calls (torch: ``new_group`` calls; fmesh: groups it created),
+    the peak RSS's growth and the process's peak; with ``creation``, torch
+    ``new_group`` calls and groups constructed, counted as they are made; with
+    ``trace``, tracemalloc's retained and peak bytes; with ``again``, the same call
+    again, per call."""
+    import torch.distributed as dist
+
+    impl, world, gloo = spec["impl"], spec["world"], "port" in spec
+    make = _builder(spec)
+    if gloo:
+        importlib.import_module("fmesh.device_mesh")  # before timing, as torch's module
+        torch_ref.init_gloo(spec)
+    else:
+        torch_ref.fake_world(world, lambda w: make(w)(), spec.get("freeze", False))
+    sync = dist.barrier if gloo else lambda: None
+    call = make(world)
 
     def counters() -> tuple[int, int]:
         groups, calls = torch_ref.group_counters()
         return groups, fmesh.cache_stats().created if impl == "fmesh" else calls
 
+    counting = torch_ref.counting_group_creation() if spec.get("creation") else None
+    sync()
     groups0, calls0 = counters()
-    if trace:
+    if spec.get("trace"):
         tracemalloc.start()
     reset_peak_rss()
-    rss0, _ = rss_kib()
-    seconds, keep = timed(lambda: fn(SHAPES[world]))
-    _, peak = rss_kib()
+    rss0 = rss_kib()[0]
+    with counting or contextlib.nullcontext({}) as made:
+        cpu0, start = time.process_time(), time.perf_counter()
+        keep = call()
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    traced = tracemalloc.get_traced_memory() if spec.get("trace") else None
+    peak = rss_kib()[1]
     groups1, calls1 = counters()
-    out: Json = {
-        "seconds": seconds,
-        "groups": groups1 - groups0,
-        "calls": calls1 - calls0,
-        "rss_peak_delta": (peak - rss0) * 1024,
-    }
-    if trace:
-        out["traced_retained"], out["traced_peak"] = tracemalloc.get_traced_memory()
-    del keep
+    out: Json = {"rank": dist.get_rank(), "seconds": seconds, "cpu": cpu}
+    out |= {"groups": groups1 - groups0, "calls": calls1 - calls0}
+    out |= {"new_group": made.get("new_group"), "constructed": made.get("groups")}
+    out["rss_peak_delta"] = (peak - rss0) * 1024
+    out["rss_peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if traced is not None:
+        out["traced_retained"], out["traced_peak"] = traced
+    sync()
+    if gloo and spec.get("again"):  # a fixed count: torch's calls are collectives
+        n = spec["again"] // (1 if impl == "fmesh" else 10)
+        out["repeat"] = statistics.median(timed(call)[0] for _ in range(n))
+    elif spec.get("again") and seconds < 0.05:
+        out["repeat"] = batches(call, spec["repeats"], spec["target_s"], 10_000)
+    elif spec.get("again"):  # seconds a call: one more, timed alone
+        out["repeat"] = timed(call)[0]
+    sync()
+    if spec["what"] == "torchtitan":
+        out |= titan.summary(keep, world)
     return {impl: out}
 
 
-# -- pure operations ----------------------------------------------------------------------
+# -- side by side in one process ------------------------------------------------------------
 
 
 def pure(spec: Json) -> Json:
@@ -145,8 +192,7 @@ def pure(spec: Json) -> Json:
     world, repeats, target = spec["world"], spec["repeats"], spec["target_s"]
     shape = SHAPES[world]
     sizes = _sizes(NAMES, shape)
-    torch_ref.init_fake(world)
-    torch_ref.preload_lazy_imports()
+    torch_ref.fake_world(world)
     dm = torch_ref.init_mesh(shape, NAMES)
     fm, fworld, fresh = (
         fmesh.make_mesh(sizes),
@@ -173,11 +219,9 @@ def pure(spec: Json) -> Json:
     # fmt: on
     gc.collect()
     gc.freeze()  # what exists now lives to the end: out of the per-batch collections
-    counts = {
-        k: (calibrate(f, target, 100_000), calibrate(t, target, most))
-        for k, (f, t, most) in ops.items()
-    }
-    times: Json = {"fmesh": {}, "torch": {}}
+    counts = {k: (calibrate(f, target, 100_000), calibrate(t, target, most))
+              for k, (f, t, most) in ops.items()}  # fmt: skip
+    times: dict[str, dict[str, list[float]]] = {"fmesh": {}, "torch": {}}
     for _ in range(repeats):
         for key, (f, t, _) in ops.items():
             torch_ref.clear_flattens(dm)
@@ -185,8 +229,6 @@ def pure(spec: Json) -> Json:
             times["torch"].setdefault(key, []).append(time_batch(t, counts[key][1]))
     return {impl: {k: median(v) for k, v in each.items()} for impl, each in times.items()}
 
-
-# -- memo hits ----------------------------------------------------------------------------
 
 NAMES3 = ("dp", "fsdp", "tp")
 
@@ -204,6 +246,26 @@ def hit_values(shape3: Sequence[int]) -> list[fmesh.Mesh]:
     m = fmesh.make_mesh(_sizes(NAMES3, shape3))
     flats = [fmesh.flatten(m, (a, b))[f"{a}_{b}"], fmesh.flatten(m, (b, c))[f"{b}_{c}"]]
     return [m, m[a], m[b], m[c], m[a, b], m[b, c], *flats, fmesh.flatten(m, (a, b, c))]
+
+
+def hit_work(impl: str, shape3: Sequence[int], rounds: int) -> Json:
+    """What :func:`hit_times` calls, each called once before. fmesh: realize of the 9
+    values realized before, and of freshly built equal values; torch: the 8
+    slicing/_flatten expressions for the same sub-meshes of its own mesh."""
+    if impl == "fmesh":
+        values = hit_values(shape3)
+        for v in values:
+            fmesh.realize(v)
+        fresh = [v for _ in range(rounds) for v in hit_values(shape3)]
+        return {
+            "same": [functools.partial(fmesh.realize, v) for v in values],
+            "fresh": [functools.partial(fmesh.realize, v) for v in fresh],
+        }
+    dm = torch_ref.init_mesh(shape3, NAMES3)
+    exprs = torch_ref.sub_mesh_exprs(dm, NAMES3)
+    for e in exprs:
+        e()
+    return {"same": exprs, "fresh": [], "keep": dm}
 
 
 def call_times(
@@ -227,40 +289,16 @@ def call_times(
     return times
 
 
-def hit_work(impl: str, shape3: Sequence[int], rounds: int) -> Json:
-    """Realize (fmesh) or build (torch) the hit workload once: what :func:`hit_times`
-    calls. fmesh: realize of the 9 values realized before, and of freshly built equal
-    values; torch: the 8 slicing/_flatten expressions for the same sub-meshes of its
-    own mesh, each called before."""
-    if impl == "fmesh":
-        values = hit_values(shape3)
-        for v in values:
-            fmesh.realize(v)
-        fresh = [v for _ in range(rounds) for v in hit_values(shape3)]
-        return {
-            "same": [functools.partial(fmesh.realize, v) for v in values],
-            "fresh": [functools.partial(fmesh.realize, v) for v in fresh],
-        }
-    dm = torch_ref.init_mesh(shape3, NAMES3)
-    exprs = torch_ref.sub_mesh_exprs(dm, NAMES3)
-    for e in exprs:
-        e()
-    return {"same": exprs, "fresh": [], "keep": dm}
-
-
 def hit_times(work: Json, rounds: int, budget_s: float) -> Json:
     """Median seconds of a hit, with the same values and with fresh ones (fmesh)."""
-    same = call_times(work["same"], rounds, budget_s)
-    fresh = call_times(work["fresh"], 1, 0.0)
+    same, fresh = call_times(work["same"], rounds, budget_s), call_times(work["fresh"], 1, 0)
     out: Json = {"same": median(same), "calls": len(same) + len(fresh)}
-    if fresh:
-        out["fresh"] = median(fresh)
-    return out
+    return out | ({"fresh": median(fresh)} if fresh else {})
 
 
-def hits_fake(spec: Json) -> Json:
+def hits(spec: Json) -> Json:
     shape3 = three_axes(SHAPES[spec["world"]])
-    torch_ref.init_fake(spec["world"])
+    torch_ref.fake_world(spec["world"])
     out: Json = {}
     for impl in ("fmesh", "torch"):
         work = hit_work(impl, shape3, spec["rounds"])
@@ -269,8 +307,6 @@ def hits_fake(spec: Json) -> Json:
     out["fmesh"]["shape"] = shape_str(shape3)
     return out
 
-
-# -- DeviceMesh hand-off and drop-in ------------------------------------------------------
 
 SUB = ("dp_shard", "tp")
 
@@ -290,7 +326,7 @@ def interop(spec: Json) -> Json:
         fmesh.realize(fmesh.slice(mesh, *SUB)).to_device_mesh("cpu")
         dm[SUB]
 
-    fresh_world(spec["world"], use)
+    torch_ref.fake_world(spec["world"], use)
     mesh, dm = build(spec["world"])
     realize_s, sub = timed(lambda: fmesh.realize(fmesh.slice(mesh, *SUB)))
     assert isinstance(sub, fmesh.RealizedMesh)
@@ -307,39 +343,6 @@ def interop(spec: Json) -> Json:
         out[impl]["repeat"] = median(times[impl])
     out["fmesh"]["realize_s"] = fmt_value(realize_s, "s")
     return out
-
-
-def init_device_mesh_of(impl: str) -> Callable[..., DeviceMesh]:
-    """``fmesh.device_mesh.init_device_mesh`` or torch's, by name."""
-    if impl == "fmesh":
-        from fmesh.device_mesh import init_device_mesh
-
-        return init_device_mesh
-    from torch.distributed.device_mesh import init_device_mesh as torch_init
-
-    return torch_init
-
-
-def dropin(spec: Json) -> Json:
-    """``init_device_mesh('cpu', <5-d shape>, mesh_dim_names=<5 names>)`` of one library:
-    the first call, then the same call again (fmesh: a memo hit) per call."""
-    impl, world, init = spec["impl"], spec["world"], init_device_mesh_of(spec["impl"])
-    fresh_world(world, lambda w: init("cpu", SHAPES[w], mesh_dim_names=NAMES))
-
-    def call() -> object:
-        return init("cpu", SHAPES[world], mesh_dim_names=NAMES)
-
-    first, keep = timed(call)
-    if first > 0.05:  # seconds a call: one more, timed alone
-        repeat, _ = timed(call)
-    else:
-        n = calibrate(call, spec["target_s"], 10_000)
-        repeat = median([time_batch(call, n) for _ in range(spec["repeats"])])
-    del keep
-    return {impl: {"first": first, "repeat": repeat}}
-
-
-# -- memory -------------------------------------------------------------------------------
 
 
 def value_size(spec: Json) -> Json:
@@ -359,11 +362,8 @@ def value_size(spec: Json) -> Json:
         value = make()
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        out[impl] = {
-            "pickle": len(pickle.dumps(value)),
-            "deep": deep_size(value),
-            "construct_peak": peak,
-        }
+        out[impl] = {"pickle": len(pickle.dumps(value)), "deep": deep_size(value)}
+        out[impl]["construct_peak"] = peak
     return out
 
 
@@ -383,10 +383,5 @@ def roots(spec: Json) -> Json:
         if i % n == 0 and i:
             gc.collect()
             sizes.append(tracemalloc.get_traced_memory()[0])
-    return {
-        spec["impl"]: {
-            "growth": max(0, sizes[1] - sizes[0]),
-            "roots": str(n),
-            "roots2": str(2 * n),
-        }
-    }
+    growth = max(0, sizes[1] - sizes[0])
+    return {spec["impl"]: {"growth": growth, "roots": str(n), "roots2": str(2 * n)}}
