@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import jobs, store_load, titan, work
-from .runners import Case, PerMode
+from .runners import Case, PerMode, extrapolate
 from .runners import Metric as M
 
 # fmt: off
@@ -274,7 +274,7 @@ CASES: tuple[Case, ...] = (
           "per:hit.calls", counted=True),
     ), GLOO, GLOO_REPEATS, spec=hit_spec, timeout_s=300.0),
     Case("store_load", "store load", "store", None, STORE, store_load.SIZES,
-         spec=store_spec, after=store_load.extrapolate),
+         spec=store_spec, after=extrapolate),
     Case("dropin", "drop-in (fake)", "fake", work.build, (
         M("dropin.fake.first", "seconds", f"{DM5}: first call", "fmesh: fmesh.device_mesh."
           f"init_device_mesh; {DROPIN}; fresh process (median over processes)"),
@@ -322,7 +322,8 @@ CASES: tuple[Case, ...] = (
     ), LARGEST, spec=given(what="trainer5", trace=True), timeout_s=300.0),
     *(Case("titan", "torchtitan (fake)", "fake", work.build,
            titan_metrics(key, FRESH, spmd), TITAN_FAKE, TITAN_K, TITAN_TORCH_K,
-           spec=given(what="torchtitan", spmd=spmd, creation=True, freeze=True), after=titan.growth)
+           spec=given(what="torchtitan", spmd=spmd, creation=True, freeze=True),
+           after=titan.growth)
       for key, spmd in (("fake", "spmd_types"), ("partial_dtensor", "partial_dtensor"))),
     Case("titan", "torchtitan (gloo)", "gloo", work.build,
          titan_metrics("gloo", "real gloo, slowest rank"),

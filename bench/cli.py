@@ -34,22 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from . import shared
 from .cases import BIG, CASES, GLOO, WORLDS
 from .launch import WorkerError
 from .runners import run_case
-from .shared import (
-    EXPERT_NAMES,
-    NAMES,
-    SHAPES,
-    Bench,
-    Json,
-    Row,
-    expert_shape,
-    fmt_ratio,
-    fmt_value,
-    shape_str,
-    world_str,
-)
+from .shared import Bench, Json, Row, fmt_ratio, fmt_value, shape_str, world_str
 
 HERE = Path(__file__).resolve().parent
 RESULTS, OUT = HERE / "results.json", HERE / "out"
@@ -64,23 +53,18 @@ def measure(mode: str, log: Callable[[str], None], only: str | None = None) -> J
     import fmesh
 
     started, b, errors = time.perf_counter(), Bench(mode, log), []
+    gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    # fmt: off
     info: Json = {
-        "command": "python -m bench" + ("" if mode == "full" else f" --{mode}"),
-        "mode": mode,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "memory_gib": round(
-            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1
-        ),
-        "python": platform.python_version(),
-        "torch": importlib.metadata.version("torch"),
-        "fmesh": fmesh.__version__,
+        "command": "python -m bench" + ("" if mode == "full" else f" --{mode}"), "mode": mode,
+        "platform": platform.platform(), "machine": platform.machine(),
+        "processor": platform.processor(), "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)), "memory_gib": round(gib, 1),
+        "python": platform.python_version(), "torch": importlib.metadata.version("torch"),
+        "fmesh": fmesh.__version__, "loadavg_start": os.getloadavg(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "loadavg_start": os.getloadavg(),
     }
+    # fmt: on
     info["command"] += f" --section {only}" if only else ""
     for case in CASES:
         if only in (None, case.name):
@@ -89,21 +73,17 @@ def measure(mode: str, log: Callable[[str], None], only: str | None = None) -> J
             except WorkerError as err:  # keep the other cases' results; exit 1
                 log(f"{case.raw_key} FAILED: {err}")
                 errors.append(f"{case.raw_key}: {err}")
-    info |= {
-        "loadavg_end": os.getloadavg(),
-        "seconds": round(time.perf_counter() - started, 1),
-    }
+    info["loadavg_end"] = os.getloadavg()
+    info["seconds"] = round(time.perf_counter() - started, 1)
     titan = BIG[mode][0]
+    # fmt: off
     return {
-        "machine": info,
-        "shapes": {str(w): SHAPES[w] for w in WORLDS[mode]},
-        "titan_world": titan,
-        "expert_shape": expert_shape(SHAPES[titan]),
-        "gloo_shapes": [list(shape) for shape in GLOO[mode]],
-        "errors": errors,
-        "rows": [asdict(r) for r in b.rows],
-        "raw": b.raw,
+        "machine": info, "shapes": {str(w): shared.SHAPES[w] for w in WORLDS[mode]},
+        "titan_world": titan, "expert_shape": shared.expert_shape(shared.SHAPES[titan]),
+        "gloo_shapes": [list(shape) for shape in GLOO[mode]], "errors": errors,
+        "rows": [asdict(r) for r in b.rows], "raw": b.raw,
     }
+    # fmt: on
 
 
 def merge(committed: Json, part: Json) -> Json:
@@ -154,7 +134,8 @@ def ahead_note(row: Row) -> str:
 
 
 def caption(payload: Json) -> str:
-    m = payload["machine"]
+    m, titan, expert = payload["machine"], payload["titan_world"], payload["expert_shape"]
+    x = shared.TIMES
     shapes = ", ".join(
         f"{world_str(int(w))} = {shape_str(s)}" for w, s in payload["shapes"].items()
     )
@@ -171,13 +152,12 @@ def caption(payload: Json) -> str:
         f"{m['loadavg_start'][0]:.1f} at the start and {m['loadavg_end'][0]:.1f} at the end: "
         "medians of repeats; pure ops: batches interleaved, gc off in a batch). "
         "Ratio = torch / fmesh: above 1, fmesh is faster or smaller. Mesh "
-        f"{shape_str(NAMES)}: {shapes}; flattens dp = (dp_replicate, dp_shard), dp_shard_cp "
-        "= (dp_shard, cp), dp_cp = (dp_replicate, dp_shard, cp). torchtitan's meshes at "
-        f"{world_str(int(payload['titan_world']))}: the dense mesh above and the expert view "
-        f"{shape_str(EXPERT_NAMES)} = {shape_str(payload['expert_shape'])}, flattens batch, "
-        "loss and fsdp of the dense one. Memo hits: the 3-axis mesh "
-        f"{shape_str(('dp', 'fsdp', 'tp'))} = "
-        f"{shape_str(('(pp·dp_replicate)', '(dp_shard·cp)', 'tp'))} of each shape.{merged}*"
+        f"{shape_str(shared.NAMES)}: {shapes}; flattens dp = (dp_replicate, dp_shard), "
+        "dp_shard_cp = (dp_shard, cp), dp_cp = (dp_replicate, dp_shard, cp). torchtitan's "
+        f"meshes at {world_str(int(titan))}: the dense mesh above and the expert view "
+        f"{shape_str(shared.EXPERT_NAMES)} = {shape_str(expert)}, flattens batch, loss and "
+        f"fsdp of the dense one. Memo hits: the 3-axis mesh dp{x}fsdp{x}tp = "
+        f"(pp·dp_replicate){x}(dp_shard·cp){x}tp of each shape.{merged}*"
     )
 
 

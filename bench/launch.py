@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import multiprocessing
-import multiprocessing.context
 import os
 import time
 import traceback
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -29,20 +29,14 @@ from .shared import Json
 Worker = Callable[[Json], Json]
 Server = Callable[[Json, Connection], None]
 """Runs a service: reads requests from the connection, answers each with :func:`reply`."""
+_ctx: list[ForkServerContext] = []
 
 
 class WorkerError(RuntimeError):
-    """A measurement process failed or died."""
+    """A measurement process failed, died or ran past its time."""
 
 
-class WorkerTimeout(WorkerError):
-    """A measurement process ran past its time limit (it was killed)."""
-
-
-_ctx: list[multiprocessing.context.ForkServerContext] = []
-
-
-def context() -> multiprocessing.context.ForkServerContext:
+def context() -> ForkServerContext:
     if not _ctx:
         # torch's C++ warnings (a store wait that timed out, a host name not found) are
         # expected by the thousand in the store-load rows: errors only.
@@ -76,9 +70,9 @@ class Started:
     conn: Connection
 
     def receive(self, timeout_s: float) -> Any:
-        """The next answer; WorkerTimeout past ``timeout_s``, WorkerError if it failed."""
+        """The next answer; WorkerError if it failed, died or gave none in time."""
         if not self.conn.poll(max(0.0, timeout_s)):
-            raise WorkerTimeout(f"{self.what} gave no answer within {timeout_s:.0f} s")
+            raise WorkerError(f"{self.what} gave no answer within {timeout_s:.0f} s")
         try:
             status, payload = self.conn.recv()
         except EOFError:
@@ -96,8 +90,7 @@ class Started:
         return self.receive(timeout_s)
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Wait up to ``grace_s`` for the process to end, then kill it (a service is
-        asked first: ``None`` is every service's stop)."""
+        """Ask a service to stop (``None``), wait up to ``grace_s``, then kill."""
         with contextlib.suppress(OSError):
             self.conn.send(None)
         self.conn.close()
@@ -111,26 +104,22 @@ def start(
     fn: Worker | Server, spec: Json, env: dict[str, str] | None = None, serve: bool = False
 ) -> Started:
     """A fresh process running a worker (one answer) or a server (``serve``)."""
-    ctx = context()
-    mine, theirs = ctx.Pipe()
-    proc = ctx.Process(target=_child, args=(fn, spec, env or {}, theirs, serve), daemon=True)
+    mine, theirs = context().Pipe()
+    args = (fn, spec, env or {}, theirs, serve)
+    proc = context().Process(target=_child, args=args, daemon=True)
     proc.start()
     theirs.close()
     return Started(f"{fn.__module__}.{fn.__name__}{'' if serve else f' {spec}'}", proc, mine)
 
 
-def finish(started: Started, deadline: float) -> Json:
-    """The worker's result; kill it and raise WorkerTimeout past ``deadline``."""
+def run_worker(worker: Worker, spec: Json, timeout_s: float) -> Json:
+    """Run one measurement in a fresh process (killed past ``timeout_s``)."""
+    started = start(worker, spec)
     try:
-        result: Json = started.receive(deadline - time.monotonic())
+        result: Json = started.receive(timeout_s)
         return result
     finally:
-        started.stop(5 if started.proc.exitcode is None else 0)
-
-
-def run_worker(worker: Worker, spec: Json, timeout_s: float) -> Json:
-    """Run one measurement in a fresh process; raise WorkerTimeout past ``timeout_s``."""
-    return finish(start(worker, spec), time.monotonic() + timeout_s)
+        started.stop()
 
 
 def start_job(
@@ -145,11 +134,10 @@ def start_job(
     common = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
     common |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
     common["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
-    ranks = [
-        start(worker, spec, {**common, **(env or {}), "RANK": str(r), "LOCAL_RANK": str(r)})
-        for r in range(world)
+    envs = [
+        {**common, **(env or {}), "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world)
     ]
-    return store, ranks
+    return store, [start(worker, spec, e) for e in envs]
 
 
 def run_gloo_job(
@@ -169,7 +157,8 @@ def run_gloo_job(
     try:
         for r, started in enumerate(ranks):
             try:
-                results.append(finish(started, deadline))
+                results.append(started.receive(deadline - time.monotonic()))
+                started.stop()
             except WorkerError as err:
                 if r in may_die and started.proc.exitcode == -9:  # SIGKILL
                     continue

@@ -1,21 +1,18 @@
 """How a case of :mod:`bench.cases` is run and read into rows.
 
-A case names a worker, the sizes it runs at and the metrics it reports. Its runner
-turns each size into *runs* per library: ``{"fmesh": [job, ...], "torch": [...]}``,
-where a job is a list of rank results (one for a fake-world process). A metric reads
-one figure from every job (over its ranks: the slowest, the mean, ...) and takes the
-median over jobs. Two runners:
-
-* ``jobs``: per repeat, one fresh process (``fake``) or one real gloo job (``gloo``) per
-  library, fmesh's and torch's interleaved (the machine's load drifts), or one process
-  for both where the worker measures them side by side; first one counting job per
-  library where a metric counts store requests;
-* ``store``: :func:`bench.store_load.measure` (one store server, many simulated ranks).
+A runner turns each size of a case into *runs* per library: ``{"fmesh": [job, ...],
+"torch": [...]}``, a job being a list of rank results (one for a fake-world process).
+``fake`` and ``gloo`` cases run, per repeat, a fresh process or a real gloo job per
+library, fmesh's and torch's interleaved (the machine's load drifts), after one
+counting job per library where a metric counts store requests; ``store`` cases run
+:func:`bench.store_load.measure`. A metric reads one figure from every job (over its
+ranks: the slowest, the mean, ...) and takes the median over jobs.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,23 +30,14 @@ class Metric:
     """One row of a case at every size: where its figures are, and how it reads."""
 
     key: str
-    read: str
-    """Where a rank's result holds the figure (``new.seconds``: a phase's; ``*.x``:
-    the most of ``x`` over the phases)."""
+    read: str  # where a rank's result holds it: "new.seconds" (a phase's), "*.x" (most)
     label: str
-    note: str = ""
-    """Shown in the note column; ``{name}`` takes a string fmesh's worker returned, or
-    ``same`` (both built the same meshes), ``n_fmesh``, ``n_torch`` (runs made)."""
+    note: str = ""  # "{name}": a string fmesh's worker returned, "same", "n_fmesh", ...
     unit: str = "s"
-    ranks: str = "max"
-    """Over a job's ranks: ``max``, ``mean``, ``sum``, ``rank0``, or ``per:<read>``
-    (the sum of the figure over the sum of another)."""
-    torch: str | None = None
-    """Where torch's figure is (``None``: the same place; ``""``: none)."""
-    skipped: str | None = None
-    """What the torch column says when there is no torch figure."""
-    counted: bool = False
-    """From the counting job (store requests); else from the timed jobs."""
+    ranks: str = "max"  # over a job's ranks: max, mean, sum, rank0, per:<read of a total>
+    torch: str | None = None  # where torch's figure is (None: the same place; "": none)
+    skipped: str | None = None  # what the torch column says where it has no figure
+    counted: bool = False  # from the counting jobs (store requests), not the timed ones
     every_size: bool = False
     resolution: float = 0.0
 
@@ -58,30 +46,21 @@ class Metric:
 class Case:
     """A worker, the sizes and repeats it runs at in each mode, and its metrics."""
 
-    name: str
-    """What ``--section`` selects it by."""
+    name: str  # what ``--section`` selects it by
     section: str
-    runner: str
-    """``fake``, ``gloo`` or ``store``."""
+    runner: str  # "fake", "gloo" or "store"
     worker: Callable[[Json], Json] | None
     metrics: tuple[Metric, ...]
-    sizes: Mapping[str, tuple[Any, ...]]
-    """Per mode: world sizes (fake), 5-d shapes or world sizes (gloo)."""
-    repeats: PerMode = field(default_factory=dict)
-    """Per mode (1 where absent): jobs or processes per library, or one per size."""
-    torch_repeats: PerMode = field(default_factory=dict)
-    """Per mode, where torch runs fewer times than fmesh."""
+    sizes: Mapping[str, tuple[Any, ...]]  # per mode: world sizes, or gloo jobs' shapes
+    repeats: PerMode = field(default_factory=dict)  # per mode (1 where absent), or size
+    torch_repeats: PerMode = field(default_factory=dict)  # where torch runs fewer times
     spec: Callable[[str, Any], Json] = lambda mode, size: {}
     impls: tuple[str, ...] = IMPLS
-    both: bool = False
-    """The worker measures both libraries in one process."""
-    skip_torch: Mapping[str, str] = field(default_factory=dict)
-    """Modes that skip torch, and why."""
+    both: bool = False  # the worker measures both libraries in one process
+    skip_torch: Mapping[str, str] = field(default_factory=dict)  # modes that do, and why
     timeout_s: float = 600.0
-    may_die: tuple[int, ...] = ()
-    """Ranks of a gloo job that may die by SIGKILL."""
-    after: Callable[[list[Row]], list[Row]] | None = None
-    """More rows from the measured ones (extrapolations, growth)."""
+    may_die: tuple[int, ...] = ()  # ranks of a gloo job that may die by SIGKILL
+    after: Callable[[list[Row]], list[Row]] | None = None  # more rows from the measured
 
     def plan(self, mode: str) -> list[tuple[Any, int, int]]:
         """(size, repeats, torch's repeats) of each size in ``mode``."""
@@ -223,3 +202,52 @@ def run_case(b: Bench, case: Case) -> None:
     order = [m.key for m in case.metrics]
     rows.sort(key=lambda r: order.index(r.key))
     b.rows.extend([*rows, *(case.after(rows) if case.after else [])])
+
+
+# -- rows derived from the measured ones (a case's ``after``) ------------------------------
+
+EXTRAPOLATE = (2**17, 2**20)
+CPU_CALL = "a creating call (gloo): server CPU per call (all ranks)"
+
+
+def extrapolate(rows: list[Row]) -> list[Row]:
+    """The server's load at 2^17 and 2^20 ranks (same group size), not measured: the
+    waiting ranks' rate as N times the highest rate per rank measured (where the crowds
+    kept up best), scaled by the watch's interval there over its interval at N (the
+    interval grows with the world: ``watch.settings``); a call's CPU (all ranks) along
+    the least-squares line through the measured sizes."""
+    from fmesh._protocol.watch import settings
+
+    rate = [r for r in rows if r.key == "store.watch.per_rank" and r.fmesh is not None]
+    cpu = [r for r in rows if r.key == "store.call.cpu_per_rank" and r.fmesh is not None]
+    if not (rate and cpu):
+        return []
+    last = max(rate, key=lambda r: r.fmesh or 0.0)
+    label = last.bench.replace("per rank per second", "per second")
+    sizes = ", ".join(str(r.ranks) for r in cpu)
+    out = []
+    for n in EXTRAPOLATE:
+        fm, th = (_fit([(r.ranks, (getattr(r, s) or 0.0) * r.ranks) for r in cpu], n)
+                  for s in ("fmesh", "torch"))  # fmt: skip
+        scale = settings(last.ranks, None)[0] / settings(n, None)[0]
+        w = world_str(n)
+        # fmt: off
+        out += [
+            Row("store.watch.server_extrapolated", last.section, label, w, n, "/s",
+                (last.fmesh or 0.0) * n * scale, None, skipped=last.skipped, every_size=True,
+                note=f"extrapolated (N x the rate per rank at {last.world} x I({last.world})"
+                " / I(N), the watch's interval I), not measured"),
+            Row("store.call.cpu_per_call_extrapolated", last.section, CPU_CALL, w, n, "s", fm,
+                th, note=f"extrapolated (straight line from N={sizes}), not measured",
+                every_size=True),
+        ]
+        # fmt: on
+    return sorted(out, key=lambda r: r.key, reverse=True)
+
+
+def _fit(points: list[tuple[int, float]], x: int) -> float:
+    """The least-squares line through ``points`` at ``x`` (through the origin for one)."""
+    if len(points) == 1:
+        return points[0][1] * x / points[0][0]
+    slope, intercept = statistics.linear_regression(*zip(*points, strict=True))
+    return float(slope * x + intercept)

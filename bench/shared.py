@@ -54,23 +54,18 @@ def expert_shape(shape: Sequence[int]) -> tuple[int, int, int, int, int]:
 class Row:
     """One line of the table: both figures, their ratio, and a note."""
 
-    key: str
-    """Stable id of the benchmark, the same at every size (e.g. ``pure.slice2``)."""
+    key: str  # the benchmark's id, the same at every size (e.g. ``pure.slice2``)
     section: str
     bench: str
-    world: str
-    """Size label shown in the table (``2^17``, ``8 (1x2x2x1x2)``)."""
+    world: str  # the size shown (``2^17``, ``8 (1x2x2x1x2)``)
     ranks: int
     unit: str  # "s", "B", "count", "/s" or "x" (a ratio)
     fmesh: float | None
     torch: float | None
     note: str = ""
-    skipped: str | None = None
-    """Why the torch figure is missing."""
-    resolution: float = 0.0
-    """Differences below this are noise (e.g. RSS pages)."""
-    every_size: bool = False
-    """Show this benchmark at every size on the page (not only the largest)."""
+    skipped: str | None = None  # why the torch figure is missing
+    resolution: float = 0.0  # differences below this are noise (e.g. RSS pages)
+    every_size: bool = False  # shown on the page at every size, not only the largest
     ratio: float | None = None
 
     def __post_init__(self) -> None:
@@ -161,8 +156,7 @@ def batches(fn: Callable[[], object], repeats: int, target_s: float, max_n: int)
 
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
     """(seconds, result) of one call."""
-    start = time.perf_counter()
-    result = fn()
+    start, result = time.perf_counter(), fn()
     return time.perf_counter() - start, result
 
 

@@ -1,33 +1,19 @@
-"""Store load: what creating calls cost one TCPStore server, at thousands of ranks.
+"""Store load: what creating calls cost one TCPStore server, at thousands of ranks
+(``docs/design/store-load.md`` explains the phases and the rows).
 
-One real ``TCPStore`` server, alone in its process, reports its CPU time
-(``time.process_time()``: every thread, the store's event loop included) when asked.
-N simulated ranks are real client connections: a few *crowd* processes, each with one
-thread and two ``TCPStore`` clients (fmesh's and torch's) per simulated rank, and one
-more crowd that holds a single rank, the *victim*, whose process is SIGKILLed in the
-last phase. Every client counts its requests as they go on the wire
-(:class:`bench.counting.CountingStore`). Each rank is in one group of ``group`` ranks
-(the ``tp`` groups of an ``N/group x group`` mesh). A phase is ``calls`` creating calls
-on every rank:
-
-* ``fmesh``: fmesh's real agreement and peer watch (:func:`fmesh_call`, the adapter),
-  with the group's creation replaced by the store requests its backend's rendezvous
-  sends, then a wait of ``hold_s`` in the store fmesh gives the creation;
-* ``torch``: the same rendezvous requests on its own connection, then a sleep (torch's
-  creation waits in one blocked request). gloo: every member sets its address, then
-  waits for and reads every member's, itself included (what ``ProcessGroupGloo``'s
-  ``connectFullMesh`` sends, counted at a real group); NCCL (eager): group rank 0 sets
-  the unique id, the others read it (``broadcastUniqueNCCLID``);
-* ``barrier``: torch's own ``_store_based_barrier`` over the whole world, what each
-  ``new_group`` call runs with ``TORCH_DIST_INIT_BARRIER=1`` (off by default);
-* ``find`` (fmesh, once, last): every rank waits in its creation; once all are in, the
-  requests and the server's CPU are read over ``steady_s``, then the victim's process
-  is SIGKILLed, and the time until every survivor raised ``PeerLostError`` is taken.
+One real ``TCPStore`` server, alone in its process, reports its CPU time (every
+thread) when asked. N simulated ranks are real client connections: a few *crowd*
+processes, each with one thread and two clients (fmesh's, torch's) per simulated rank,
+and one more crowd holding the *victim*, whose process is SIGKILLed in the last phase.
+Every client counts its requests as they go on the wire. A phase is ``calls`` creating
+calls on every rank, each in one group of ``group`` ranks: fmesh's real agreement and
+peer watch around the requests its backend's rendezvous sends (``fmesh``), the same
+requests alone (``torch``), torch's opt-in ``_store_based_barrier`` (``barrier``), and
+last every rank waiting while the victim is killed (``find``).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime
 import os
@@ -42,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from . import torch_ref
 from .counting import CountingStore, delta
 from .launch import Started, reply, start
-from .shared import Json, Row, median, world_str
+from .shared import Json, median
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
@@ -60,25 +46,17 @@ OPTIONS = {"group": 8, "hold_s": 0.5, "barriers": 2, "steady_s": 3.0, "timeout_s
 """Ranks per group, the wait that stands for a creation, barriers measured per phase,
 seconds the waiting load is read over, and the watch's timeout (``None``: defaults)."""
 PHASES = ("fmesh-gloo", "torch-gloo", "fmesh-nccl", "torch-nccl", "barrier")
-EXTRAPOLATE = (2**17, 2**20)
-CPU_CALL = "a creating call (gloo): server CPU per call (all ranks)"
 
 
-# == The adapter: fmesh's side of a creating call ==========================================
-# The only code here that knows how fmesh agrees and watches peers during a creating
-# call: it runs the steps of ``creation.create_groups`` (fmesh/_runtime/creation.py) and
-# of ``groups.create``'s error path, with ``create`` in place of the group's creation.
-# When the watch changes (fmesh/_protocol/liveness.py), re-point these two functions at
-# it and widen SIZES; the rest of this module stays as it is.
+# == The adapter: the only code here that knows how fmesh agrees and watches peers
+# during a creating call (``create_groups`` in fmesh/_runtime/creation.py, and
+# ``groups.create``'s error path). When the watch changes, re-point these two functions.
 
 
 def setup_process(ranks: list[int]) -> None:
-    """Once per crowd process, before any call. A real rank process runs one sentinel
-    (``fmesh/_protocol/sentinel.py``); the simulated ranks of one crowd share this
-    process's, as threads of one process would (a sentinel per simulated rank would
-    measure process scheduling, not the store; the watch's requests are the same).
-    The victim is alone in its crowd: killing its process ends its sentinel too. Started
-    here, as ``liveness.warm`` does, so that it listens by the first call."""
+    """Once per crowd process: its sentinel, shared by its simulated ranks as by threads
+    of one process (one per simulated rank would measure process scheduling, not the
+    store); the victim is alone in its crowd, so killing it ends its sentinel too."""
     from fmesh._protocol import sentinel
 
     if ranks:
@@ -99,11 +77,9 @@ def fmesh_call(
     create: Callable[[Store], None],
     timeout: datetime.timedelta | None,
 ) -> None:
-    """One creating call of ``rank`` as realize makes it (``create_groups`` and
-    ``_agree`` in fmesh/_runtime/creation.py): publish the sentinel's address, agree
-    with a closing barrier, clean up the stream's previous call, start the watch,
-    create in the store fmesh gives a creation on ``backend``, the closing barrier,
-    and close. Raises the call's error (``PeerLostError`` when a member died)."""
+    """One creating call of ``rank`` as realize makes it: publish the sentinel's
+    address, agree with a closing barrier, start the watch, ``create`` in the store
+    fmesh gives a creation on ``backend``, the closing barrier; raises the call's error."""
     from fmesh._core.errors import PeerLostError
     from fmesh._protocol import agreement, liveness
 
@@ -252,26 +228,21 @@ def serve_crowd(spec: Json, conn: Connection) -> None:
     came; ``("snapshot",)`` meanwhile: the requests so far."""
     _prepare_process()
     threading.stack_size(512 * 1024)
-    clients = {
-        r: tuple(OwnClient(torch_ref.tcp_store(spec["port"], None, TIMEOUT)) for _ in "ft")
-        for r in spec["ranks"]
-    }
+    clients = {}
+    for r in spec["ranks"]:  # torch's client shares the fmesh client's counter
+        own = OwnClient(torch_ref.tcp_store(spec["port"], None, TIMEOUT))
+        clients[r] = (own, OwnClient(torch_ref.tcp_store(spec["port"], None, TIMEOUT), own))
     setup_process(spec["ranks"])
     reply(conn, len(clients))
 
-    def counts(pair: tuple[OwnClient, ...]) -> dict[str, int]:
-        return dict(
-            sum((collections.Counter(c.snapshot()) for c in pair), collections.Counter())
-        )
-
     def total() -> int:
-        return sum(sum(counts(pair).values()) for pair in clients.values())
+        return sum(sum(pair[0].snapshot().values()) for pair in clients.values())
 
     while (request := conn.recv()) is not None:
         if request == ("snapshot",):  # the phase ended already (every rank raised)
             reply(conn, total())
             continue
-        before = {r: counts(pair) for r, pair in clients.items()}
+        before = {r: pair[0].snapshot() for r, pair in clients.items()}
         out: dict[int, Json] = {}
         threads = [
             threading.Thread(target=run_rank, args=(out, r, pair, request, spec), daemon=True)
@@ -287,7 +258,7 @@ def serve_crowd(spec: Json, conn: Connection) -> None:
                     os._exit(1)
                 reply(conn, total())
         for r, pair in clients.items():
-            out[r]["kinds"] = delta(counts(pair), before[r])
+            out[r]["kinds"] = delta(pair[0].snapshot(), before[r])
         reply(conn, out)
 
 
@@ -325,13 +296,8 @@ def _phase(server: Started, crowd: list[Started], phase: str, tag: str, calls: i
         raise RuntimeError(
             f"{len(failed)} simulated ranks failed in {phase}; the first:\n{failed[0]}"
         )
-    cpu = server.ask(("cpu",), 60) - cpu0
-    return {
-        "ranks": ranks,
-        "cpu": cpu,
-        "seconds": seconds,
-        "keys": server.ask(("keys", tag), 60),
-    }
+    cpu, keys = server.ask(("cpu",), 60) - cpu0, server.ask(("keys", tag), 60)
+    return {"ranks": ranks, "cpu": cpu, "seconds": seconds, "keys": keys}
 
 
 def _find(
@@ -419,48 +385,3 @@ def _figures(got: dict[str, Json], impl: str, world: int, spec: Json) -> Json:
         figures["barrier"] = per_barrier * world / spec["group"]
         figures["per_barrier"] = per_barrier
     return figures
-
-
-def extrapolate(rows: list[Row]) -> list[Row]:
-    """The server's load at 2^17 and 2^20 ranks (same group size), not measured: the
-    waiting ranks' rate as N times the highest rate per rank measured (where the crowds
-    kept up best), scaled by the watch's interval there over its interval at N (the
-    interval grows with the world: ``watch.settings``); a call's CPU (all ranks) along
-    the least-squares line through the measured sizes."""
-    from fmesh._protocol.watch import settings
-
-    rate = [r for r in rows if r.key == "store.watch.per_rank" and r.fmesh is not None]
-    cpu = [r for r in rows if r.key == "store.call.cpu_per_rank" and r.fmesh is not None]
-    if not (rate and cpu):
-        return []
-    last = max(rate, key=lambda r: r.fmesh or 0.0)
-    label = last.bench.replace("per rank per second", "per second")
-    sizes = ", ".join(str(r.ranks) for r in cpu)
-    out = []
-    for n in EXTRAPOLATE:
-        fm, th = (_fit([(r.ranks, (getattr(r, s) or 0.0) * r.ranks) for r in cpu], n)
-                  for s in ("fmesh", "torch"))  # fmt: skip
-        scale = settings(last.ranks, None)[0] / settings(n, None)[0]
-        w = world_str(n)
-        # fmt: off
-        out += [
-            Row("store.watch.server_extrapolated", last.section, label, w, n, "/s",
-                (last.fmesh or 0.0) * n * scale, None, skipped=last.skipped, every_size=True,
-                note=f"extrapolated (N x the rate per rank at {last.world} x I({last.world})"
-                " / I(N), the watch's interval I), not measured"),
-            Row("store.call.cpu_per_call_extrapolated", last.section, CPU_CALL, w, n, "s", fm,
-                th, note=f"extrapolated (straight line from N={sizes}), not measured",
-                every_size=True),
-        ]
-        # fmt: on
-    return sorted(out, key=lambda r: r.key, reverse=True)
-
-
-def _fit(points: list[tuple[int, float]], x: int) -> float:
-    """The least-squares line through ``points`` at ``x`` (through the origin for one)."""
-    if len(points) == 1:
-        return points[0][1] * x / points[0][0]
-    mx = sum(p for p, _ in points) / len(points)
-    my = sum(q for _, q in points) / len(points)
-    slope = sum((p - mx) * (q - my) for p, q in points) / sum((p - mx) ** 2 for p, _ in points)
-    return my + slope * (x - mx)

@@ -106,32 +106,29 @@ def summary(meshes: Any, world: int) -> Json:
 def growth(rows: list[Row]) -> list[Row]:
     """Per library, the median wall time (``growth``) and the median process CPU time
     (``cpu_growth``) at the largest world over that at the smallest: 1x is flat in the
-    world size. CPU time leaves out the time other processes take the CPUs."""
+    world size."""
 
     def over(a: float | None, b: float | None) -> float | None:
         return a / b if a is not None and b else None
 
     out = []
-    for read, what, key in (
-        ("seconds", "wall time", "growth"),
-        ("cpu", "process CPU time", "cpu_growth"),
-    ):
+    for read, key, what, above in (
+        ("seconds", "growth", "wall time", "wall-time rows above, each a median of fresh "
+         "processes"),
+        ("cpu", "cpu_growth", "process CPU time", "process CPU time rows above, each a median "
+         "of fresh processes: unlike wall time, not lengthened by other processes"),
+    ):  # fmt: skip
         lo, *_, hi = sorted((r for r in rows if r.key.endswith("." + read)), key=_ranks)
-        out.append(
-            Row(
-                lo.key.replace(f".{read}", f".{key}"),
-                lo.section,
-                f"{lo.bench.rpartition(': ')[0]}: {what} at {hi.world} over at {lo.world}",
-                f"{hi.world} / {lo.world}",
-                hi.ranks,
-                "x",
-                over(hi.fmesh, lo.fmesh),
-                over(hi.torch, lo.torch),
-                note=f"the two {what} rows above, each a median of fresh processes; flat in "
-                f"the world size is 1{TIMES}; target for fmesh: at most 1.25{TIMES}",
-                every_size=True,
-            )
-        )
+        # fmt: off
+        out.append(Row(
+            lo.key.replace(f".{read}", f".{key}"), lo.section,
+            f"{lo.bench.rpartition(': ')[0]}: {what} at {hi.world} over at {lo.world}",
+            f"{hi.world} / {lo.world}", hi.ranks, "x", over(hi.fmesh, lo.fmesh),
+            over(hi.torch, lo.torch), every_size=True,
+            note=f"the two {above}; flat in the world size is 1{TIMES}; target for fmesh: at "
+            f"most 1.25{TIMES}",
+        ))
+        # fmt: on
     return out
 
 

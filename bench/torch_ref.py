@@ -16,6 +16,7 @@ import os
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore
@@ -123,9 +124,9 @@ def unflatten(dm: DeviceMesh, sizes: Sequence[int], names: Sequence[str]) -> Dev
 
 OPS = types.SimpleNamespace(
     mesh=init_mesh,
-    flatten=lambda dm, axes, name: dm[axes]._flatten(name),
     unflatten=unflatten,
     done=list,
+    flatten=lambda dm, axes, name: dm[axes]._flatten(name),
 )
 """The steps of a recipe (:mod:`bench.work`) with torch: each creates its groups."""
 
@@ -225,18 +226,9 @@ def counting_group_creation() -> Iterator[dict[str, int]]:
         counts["groups" if isinstance(pg, dist.ProcessGroup) else "non_member"] += 1
         return result
 
-    saved: list[tuple[object, str, object]] = []
-
-    def patch(owner: object, name: str, wrapper: Callable[..., Any]) -> None:
-        saved.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, wrapper)
-
-    for module in (dist, c10d, dm_mod):
-        if getattr(module, "new_group", None) is real_new_group:
-            patch(module, "new_group", new_group)
-    patch(c10d, "_new_process_group_helper", helper)
-    try:
+    with contextlib.ExitStack() as patched:
+        for module in (dist, c10d, dm_mod):
+            if getattr(module, "new_group", None) is real_new_group:
+                patched.enter_context(mock.patch.object(module, "new_group", new_group))
+        patched.enter_context(mock.patch.object(c10d, "_new_process_group_helper", helper))
         yield counts
-    finally:
-        for owner, name, real in reversed(saved):
-            setattr(owner, name, real)

@@ -23,7 +23,7 @@ import statistics
 import time
 import tracemalloc
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import fmesh
@@ -67,6 +67,7 @@ FMESH = types.SimpleNamespace(
 )
 """The steps of a recipe with fmesh: pure values, then one realize each."""
 OPS = {"fmesh": FMESH, "torch": torch_ref.OPS}
+Pair = tuple[Callable[[], object], Callable[[], object], int]
 
 
 def trainer5(ops: Any, shape: Sequence[int]) -> list[object]:
@@ -202,7 +203,7 @@ def pure(spec: Json) -> Json:
     dm_dp = dm["dp_replicate", "dp_shard"]
     dm_world = torch_ref.mesh_without_groups(world, (world,), ("world",))
     # fmt: off
-    ops: dict[str, tuple[Callable[[], object], Callable[[], object], int]] = {
+    ops: dict[str, Pair] = {
         "construct": (lambda: fmesh.make_mesh(sizes),
                       lambda: torch_ref.mesh_without_groups(world, shape, NAMES), 10_000),
         "slice1": (lambda: fmesh.slice(fm, "tp"), lambda: dm["tp"], 10_000),
@@ -217,16 +218,26 @@ def pure(spec: Json) -> Json:
         "coordinate_cached": (lambda: fmesh.coordinate(fm, 0), dm.get_coordinate, 10_000),
     }
     # fmt: on
+    return interleaved(ops, repeats, target, lambda: torch_ref.clear_flattens(dm))
+
+
+def interleaved(
+    pairs: Mapping[str, Pair], repeats: int, target_s: float, between: Callable[[], object]
+) -> Json:
+    """Median seconds per call of each pair of calls (fmesh's, torch's, and the most
+    calls a batch of torch's may make): batches of both interleaved round robin over
+    the pairs (a burst of load from elsewhere spoils one batch of every pair, not every
+    batch of one), ``between`` run before each pair's batches."""
     gc.collect()
     gc.freeze()  # what exists now lives to the end: out of the per-batch collections
-    counts = {k: (calibrate(f, target, 100_000), calibrate(t, target, most))
-              for k, (f, t, most) in ops.items()}  # fmt: skip
+    n = {k: (calibrate(f, target_s, 100_000), calibrate(t, target_s, most))
+         for k, (f, t, most) in pairs.items()}  # fmt: skip
     times: dict[str, dict[str, list[float]]] = {"fmesh": {}, "torch": {}}
     for _ in range(repeats):
-        for key, (f, t, _) in ops.items():
-            torch_ref.clear_flattens(dm)
-            times["fmesh"].setdefault(key, []).append(time_batch(f, counts[key][0]))
-            times["torch"].setdefault(key, []).append(time_batch(t, counts[key][1]))
+        for key, (f, t, _) in pairs.items():
+            between()
+            times["fmesh"].setdefault(key, []).append(time_batch(f, n[key][0]))
+            times["torch"].setdefault(key, []).append(time_batch(t, n[key][1]))
     return {impl: {k: median(v) for k, v in each.items()} for impl, each in times.items()}
 
 
@@ -331,18 +342,11 @@ def interop(spec: Json) -> Json:
     realize_s, sub = timed(lambda: fmesh.realize(fmesh.slice(mesh, *SUB)))
     assert isinstance(sub, fmesh.RealizedMesh)
     fns = {"fmesh": lambda: sub.to_device_mesh("cpu"), "torch": lambda: dm[SUB]}
-    out: Json = {impl: {"first": timed(fn)[0]} for impl, fn in fns.items()}
-    gc.collect()
-    gc.freeze()
-    n = {impl: calibrate(fn, spec["target_s"], 10_000) for impl, fn in fns.items()}
-    times: dict[str, list[float]] = {"fmesh": [], "torch": []}
-    for _ in range(spec["repeats"]):
-        for impl, fn in fns.items():
-            times[impl].append(time_batch(fn, n[impl]))
-    for impl in fns:
-        out[impl]["repeat"] = median(times[impl])
+    first = {impl: timed(fn)[0] for impl, fn in fns.items()}
+    pair = {"repeat": (fns["fmesh"], fns["torch"], 10_000)}
+    out = interleaved(pair, spec["repeats"], spec["target_s"], lambda: None)
     out["fmesh"]["realize_s"] = fmt_value(realize_s, "s")
-    return out
+    return {impl: {**out[impl], "first": first[impl]} for impl in out}
 
 
 def value_size(spec: Json) -> Json:
