@@ -28,26 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import fmesh
 
+from . import shared as sh
 from . import titan, torch_ref
-from .shared import (
-    EXPERT_NAMES,
-    FLATTENS,
-    NAMES,
-    SHAPES,
-    TRAINER_FLATTENS,
-    Json,
-    batches,
-    calibrate,
-    deep_size,
-    expert_shape,
-    fmt_value,
-    median,
-    reset_peak_rss,
-    rss_kib,
-    shape_str,
-    time_batch,
-    timed,
-)
+from .shared import NAMES, SHAPES, Json, median, timed
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -73,7 +56,7 @@ Pair = tuple[Callable[[], object], Callable[[], object], int]
 def trainer5(ops: Any, shape: Sequence[int]) -> list[object]:
     """The 5-d mesh and the 1-d mesh of each of its three flattens."""
     mesh = ops.mesh(shape, NAMES)
-    return list(ops.done([mesh, *(ops.flatten(mesh, a, name) for a, name in FLATTENS)]))
+    return list(ops.done([mesh, *(ops.flatten(mesh, a, name) for a, name in sh.FLATTENS)]))
 
 
 def titan_meshes(ops: Any, shape: Sequence[int]) -> list[object]:
@@ -81,8 +64,8 @@ def titan_meshes(ops: Any, shape: Sequence[int]) -> list[object]:
     the three flattens of the dense one."""
     world = ops.mesh((math.prod(shape),), ("world",))
     dense = ops.unflatten(world, shape, NAMES)
-    expert = ops.unflatten(world, expert_shape(shape), EXPERT_NAMES)
-    flats = [ops.flatten(dense, axes, name) for axes, name in TRAINER_FLATTENS]
+    expert = ops.unflatten(world, sh.expert_shape(shape), sh.EXPERT_NAMES)
+    flats = [ops.flatten(dense, axes, name) for axes, name in sh.TRAINER_FLATTENS]
     return list(ops.done([world, dense, expert, *flats]))
 
 
@@ -151,14 +134,14 @@ def build(spec: Json) -> Json:
     groups0, calls0 = counters()
     if spec.get("trace"):
         tracemalloc.start()
-    reset_peak_rss()
-    rss0 = rss_kib()[0]
+    sh.reset_peak_rss()
+    rss0 = sh.rss_kib()[0]
     with counting or contextlib.nullcontext({}) as made:
         cpu0, start = time.process_time(), time.perf_counter()
         keep = call()
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu0
     traced = tracemalloc.get_traced_memory() if spec.get("trace") else None
-    peak = rss_kib()[1]
+    peak = sh.rss_kib()[1]
     groups1, calls1 = counters()
     out: Json = {"rank": dist.get_rank(), "seconds": seconds, "cpu": cpu}
     out |= {"groups": groups1 - groups0, "calls": calls1 - calls0}
@@ -172,7 +155,7 @@ def build(spec: Json) -> Json:
         n = spec["again"] // (1 if impl == "fmesh" else 10)
         out["repeat"] = statistics.median(timed(call)[0] for _ in range(n))
     elif spec.get("again") and seconds < 0.05:
-        out["repeat"] = batches(call, spec["repeats"], spec["target_s"], 10_000)
+        out["repeat"] = sh.batches(call, spec["repeats"], spec["target_s"], 10_000)
     elif spec.get("again"):  # seconds a call: one more, timed alone
         out["repeat"] = timed(call)[0]
     sync()
@@ -185,10 +168,10 @@ def build(spec: Json) -> Json:
 
 
 def pure(spec: Json) -> Json:
-    """Median seconds of each op at one world size: batches of fmesh and torch
+    """Median seconds of each op at one world size: sh.batches of fmesh and torch
     interleaved round robin over the ops (a burst of load from elsewhere spoils one
     batch of every op, not every batch of one). torch's flatten creates groups under a
-    fresh name each call, so its batches are short, and its root's flatten mapping,
+    fresh name each call, so its sh.batches are short, and its root's flatten mapping,
     which torch's slicing scans, is cleared after each batch."""
     world, repeats, target = spec["world"], spec["repeats"], spec["target_s"]
     shape = SHAPES[world]
@@ -225,19 +208,19 @@ def interleaved(
     pairs: Mapping[str, Pair], repeats: int, target_s: float, between: Callable[[], object]
 ) -> Json:
     """Median seconds per call of each pair of calls (fmesh's, torch's, and the most
-    calls a batch of torch's may make): batches of both interleaved round robin over
+    calls a batch of torch's may make): sh.batches of both interleaved round robin over
     the pairs (a burst of load from elsewhere spoils one batch of every pair, not every
-    batch of one), ``between`` run before each pair's batches."""
+    batch of one), ``between`` run before each pair's sh.batches."""
     gc.collect()
     gc.freeze()  # what exists now lives to the end: out of the per-batch collections
-    n = {k: (calibrate(f, target_s, 100_000), calibrate(t, target_s, most))
+    n = {k: (sh.calibrate(f, target_s, 100_000), sh.calibrate(t, target_s, most))
          for k, (f, t, most) in pairs.items()}  # fmt: skip
     times: dict[str, dict[str, list[float]]] = {"fmesh": {}, "torch": {}}
     for _ in range(repeats):
         for key, (f, t, _) in pairs.items():
             between()
-            times["fmesh"].setdefault(key, []).append(time_batch(f, n[key][0]))
-            times["torch"].setdefault(key, []).append(time_batch(t, n[key][1]))
+            times["fmesh"].setdefault(key, []).append(sh.time_batch(f, n[key][0]))
+            times["torch"].setdefault(key, []).append(sh.time_batch(t, n[key][1]))
     return {impl: {k: median(v) for k, v in each.items()} for impl, each in times.items()}
 
 
@@ -315,7 +298,7 @@ def hits(spec: Json) -> Json:
         work = hit_work(impl, shape3, spec["rounds"])
         out[impl] = hit_times(work, spec["rounds"], spec["budget_s"])
         del work
-    out["fmesh"]["shape"] = shape_str(shape3)
+    out["fmesh"]["shape"] = sh.shape_str(shape3)
     return out
 
 
@@ -325,7 +308,7 @@ SUB = ("dp_shard", "tp")
 def interop(spec: Json) -> Json:
     """A DeviceMesh of the (dp_shard, tp) sub-mesh: fmesh's ``to_device_mesh('cpu')`` of
     the realized slice (its realize, a memo hit, timed apart) against torch's
-    ``dm['dp_shard', 'tp']``; the first call, then batches interleaved."""
+    ``dm['dp_shard', 'tp']``; the first call, then sh.batches interleaved."""
 
     def build(w: int) -> tuple[fmesh.Mesh, DeviceMesh]:
         mesh = fmesh.make_mesh(_sizes(NAMES, SHAPES[w]))
@@ -345,7 +328,7 @@ def interop(spec: Json) -> Json:
     first = {impl: timed(fn)[0] for impl, fn in fns.items()}
     pair = {"repeat": (fns["fmesh"], fns["torch"], 10_000)}
     out = interleaved(pair, spec["repeats"], spec["target_s"], lambda: None)
-    out["fmesh"]["realize_s"] = fmt_value(realize_s, "s")
+    out["fmesh"]["realize_s"] = sh.fmt_value(realize_s, "s")
     return {impl: {**out[impl], "first": first[impl]} for impl in out}
 
 
@@ -366,7 +349,7 @@ def value_size(spec: Json) -> Json:
         value = make()
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        out[impl] = {"pickle": len(pickle.dumps(value)), "deep": deep_size(value)}
+        out[impl] = {"pickle": len(pickle.dumps(value)), "deep": sh.deep_size(value)}
         out[impl]["construct_peak"] = peak
     return out
 
