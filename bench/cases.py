@@ -1,16 +1,19 @@
 """Every benchmark, as one table: what runs, at which sizes, and the rows it reports.
 
-Each :class:`~bench.runners.Case` names its worker (:mod:`bench.workloads` on the fake
-backend, :mod:`bench.jobs` and :mod:`bench.titan` on real gloo, :mod:`bench.store_load`),
-its sizes and repeats per mode (``full``, ``quick``, ``smoke``) and its metrics: one
-row each at every size. ``python -m bench --section NAME`` runs the cases of one name.
-A metric is ``M(key, where in a result, label, note, unit, over ranks, ...)``.
+Each :class:`~bench.runners.Case` names its runner and worker (:mod:`bench.work` on a
+fake world or gloo ranks, :mod:`bench.jobs`, :mod:`bench.store_load`), its sizes and
+repeats per mode (``full``, ``quick``, ``smoke``) and its metrics: one row each at
+every size. ``python -m bench --section NAME`` runs the cases of one name. A metric is
+``M(key, where in a result, label, note, unit, over ranks, ...)``.
 """
 
 from __future__ import annotations
 
-from . import jobs, store_load, store_ranks, titan, workloads
-from .runners import Case
+from collections.abc import Callable
+from typing import Any
+
+from . import jobs, store_load, titan, work
+from .runners import Case, PerMode, extrapolate
 from .runners import Metric as M
 
 # fmt: off
@@ -19,12 +22,17 @@ WORLDS = {"full": (2**10, 2**14, 2**17, 2**20), "quick": (2**10, 2**14, 2**17),
           "smoke": (2**6, 2**8)}
 BIG = {"full": (2**17,), "quick": (2**17,), "smoke": (2**8,)}
 """The world of torchtitan's meshes, of to_device_mesh and of the drop-in's fake rows."""
+LARGEST = {"full": (2**20,), "quick": (2**14,), "smoke": (2**8,)}
 GLOO = {"full": ((1, 1, 2, 1, 2), (1, 2, 2, 1, 2), (2, 2, 2, 1, 2)),
         "quick": ((1, 1, 2, 1, 2),), "smoke": ((1, 1, 2, 1, 1),)}
-# fmt: on
-THREE: dict[str, int | tuple[int, ...]] = {"full": 3}
-FIVE: dict[str, int | tuple[int, ...]] = {"full": 5, "quick": 3}
-GLOO_REPEATS: dict[str, int | tuple[int, ...]] = {"full": (7, 5, 3)}
+TITAN_FAKE = {"full": (2**10, 2**17), "quick": (2**10, 2**17), "smoke": (2**4, 2**6)}
+"""torchtitan's recipe on a fake world: the drop-in's growth from the smallest size to
+the largest (``titan.growth``), each size in fresh processes."""
+TITAN_K: PerMode = {"full": 7, "quick": 3, "smoke": 2}
+TITAN_TORCH_K: PerMode = {"full": (7, 3), "quick": (3, 2)}
+"""Fresh processes per size; torch's build at 2^17 takes seconds: fewer there."""
+THREE: PerMode = {"full": 3}
+GLOO_REPEATS: PerMode = {"full": (7, 5, 3)}
 REPEAT = {"full": 9, "quick": 3, "smoke": 2}
 """Timed batches of a repeated call (pure ops, to_device_mesh, the drop-in)."""
 TARGET_S = {"full": 0.03, "quick": 0.02, "smoke": 0.002}
@@ -34,10 +42,17 @@ ROOTS = {"full": 1000, "quick": 1000, "smoke": 600}
 (1,024 entries each), so the second half shows what stays."""
 HIT = {"full": (1000, 0.3), "quick": (300, 0.1), "smoke": (20, 0.01)}
 """Rounds of the memo-hit workload, and the time after which torch's stops adding rounds."""
+# fmt: on
+Spec = Callable[[str, Any], dict[str, object]]
 
 
-def batches(mode: str, size: object) -> dict[str, object]:
-    return {"repeats": REPEAT[mode], "target_s": TARGET_S[mode]}
+def given(**fixed: object) -> Spec:
+    """A case's spec: ``fixed``, at every mode and size."""
+    return lambda mode, size: dict(fixed)
+
+
+def batches(**fixed: object) -> Spec:
+    return lambda mode, size: {"repeats": REPEAT[mode], "target_s": TARGET_S[mode], **fixed}
 
 
 def hit_spec(mode: str, size: object) -> dict[str, object]:
@@ -69,29 +84,31 @@ def realize_metrics(key: str, label: str, torch: str) -> tuple[M, ...]:
 
 
 def titan_metrics(key: str, where: str, spmd: str = "spmd_types") -> tuple[M, ...]:
-    def m(read: str, unit: str, what: str, note: str, res: float = 0.0) -> M:
+    def m(read: str, name: str, unit: str, what: str, note: str, res: float = 0.0) -> M:
         label = f"ParallelDims.build_mesh ({spmd}), one-import change: {what}"
         note += "; torch: the same recipe with torch's init_device_mesh"
-        every = read == "seconds"
+        every = name in ("seconds", "cpu")
         return M(
-            f"titan.{key}.{read}", read, label, note, unit, every_size=every, resolution=res
+            f"titan.{key}.{name}", read, label, note, unit, every_size=every, resolution=res
         )
 
+    fake = key != "gloo"
     # fmt: off
     return (
-        m("seconds", "s", "wall time", f"{where}; {{config}}; {{same}}"),
-        m("new_group", "count", "torch new_group calls", "per rank (max over ranks)"),
-        m("groups", "count", "process groups constructed",
+        m("seconds", "seconds", "s", "wall time", f"{where}; {{config}}; {{same}}"),
+        *[m("cpu", "cpu", "s", "process CPU time", f"{where}; time.process_time() around "
+            "the build (every thread of the process); {config}")] * fake,
+        m("new_group", "new_group", "count", "torch new_group calls",
+          "per rank (max over ranks)"),
+        m("constructed", "groups", "count", "process groups constructed",
           "_new_process_group_helper calls that made a group, per rank (max)"),
-        m("rss_peak", "B", "peak RSS", "ru_maxrss of the process (max over ranks)", 2**20),
+        m("rss_peak", "rss_peak", "B", "peak RSS", "ru_maxrss of the process (max over ranks)",
+          2**20),
     )
     # fmt: on
 
 
-TITAN_FAKE = {"full": (2**10, 2**17), "quick": (2**10, 2**17), "smoke": (2**4, 2**6)}
-"""torchtitan's recipe on a fake world: the drop-in's growth from the smallest size to
-the largest (``titan.growth``), each size in fresh processes."""
-ONE_IMPORT = "ParallelDims.build_mesh, one-import change"
+FRESH = "one rank, median of {n_fmesh} fresh processes (torch: {n_torch})"
 NEW = "realize + 3 flattens"
 TORCH_RECIPE = "torch: init_device_mesh('cpu') + 3 _flatten calls"
 ON_WIRE = "counted on the wire by every rank's store client"
@@ -120,8 +137,6 @@ WATCH = (
     "wait and wake, reads of the outcome once a wait passes one interval, the cleanup; "
     "mean over ranks and watched calls; torch watches nothing"
 )
-
-# -- store load (bench/store_load.py) ----------------------------------------------------
 SIM = "N simulated ranks, each its own TCPStore client to one server, in groups of {group}"
 GLOO_CALL = (
     "fmesh: agreement, peer watch, closing barrier, cleanup, and gloo's rendezvous through "
@@ -129,6 +144,7 @@ GLOO_CALL = (
 )
 WAIT = "every rank waiting in its creation (fmesh's watch at default settings)"
 NONE = "a blocked wait: none"
+
 # fmt: off
 STORE = (
     M("store.call.requests", "requests", "a creating call (gloo): store requests per rank",
@@ -169,12 +185,9 @@ STORE = (
       f"{SIM}; the crowds share this machine's CPUs: a rank's watch thread can run late",
       "count", torch="", skipped="waits", every_size=True),
 )
-# fmt: on
 
-
-# fmt: off
 CASES: tuple[Case, ...] = (
-    Case("pure", "pure ops", "fake", workloads.pure, (
+    Case("pure", "pure ops", "fake", work.pure, (
         M("pure.construct", "construct", "construct the 5-d mesh (no groups)",
           "torch: DeviceMesh(_init_backend=False), what init_device_mesh does before "
           "creating groups"),
@@ -191,23 +204,21 @@ CASES: tuple[Case, ...] = (
           "construction and slice runs"),
         M("pure.coordinate_cached", "coordinate_cached", "coordinate of a rank, torch cached",
           "torch: get_coordinate() returns the tuple cached at construction"),
-    ), WORLDS, spec=batches, both=True),
-    Case("fake", "realize (fake)", "fake", workloads.realize,
+    ), WORLDS, spec=batches(), both=True),
+    Case("fake", "realize (fake)", "fake", work.build,
          realize_metrics("trainer5", NEW, "init_device_mesh + 3 _flatten calls"),
-         WORLDS, {"full": 5}, spec=lambda mode, size: {"recipe": "trainer5"},
-         torch_limit_s=60.0, timeout_s=300.0),
-    Case("fake", "realize (fake)", "fake", workloads.realize, realize_metrics(
+         WORLDS, {"full": 5}, spec=given(what="trainer5"), timeout_s=300.0),
+    Case("fake", "realize (fake)", "fake", work.build, realize_metrics(
         "titan", "torchtitan's trainer meshes (world, dense, expert, 3 flattens)",
         "1-d init_device_mesh, _unflatten into dense and expert views, 3 _flatten calls",
-    ), BIG, THREE, spec=lambda mode, size: {"recipe": "titan"}, torch_limit_s=60.0,
-         timeout_s=300.0),
-    Case("fake", "interop (fake)", "fake", workloads.interop, (
+    ), BIG, THREE, spec=given(what="titan"), timeout_s=300.0),
+    Case("fake", "interop (fake)", "fake", work.interop, (
         M("interop.sub_device_mesh.first", "first", f"{SUB}: first call",
           f"{INTEROP}; fresh process, one call each (median over processes)"),
         M("interop.sub_device_mesh.repeat", "repeat", f"{SUB}: repeated calls",
           f"{INTEROP}; median of batches"),
-    ), BIG, THREE, spec=batches, both=True, timeout_s=300.0),
-    Case("hits", "memo hit (fake)", "fake", workloads.hits_fake, (
+    ), BIG, THREE, spec=batches(), both=True, timeout_s=300.0),
+    Case("hits", "memo hit (fake)", "fake", work.hits, (
         M("fake.hit.seconds", "same", HIT_LABEL, f"{{shape}} mesh; {HIT_SAME}",
           every_size=True),
         M("fake.hit_fresh.seconds", "fresh", FRESH_LABEL, f"{{shape}} mesh; {HIT_FRESH}",
@@ -262,21 +273,21 @@ CASES: tuple[Case, ...] = (
           "every call of both hit rows on every rank, counted on the wire", "count",
           "per:hit.calls", counted=True),
     ), GLOO, GLOO_REPEATS, spec=hit_spec, timeout_s=300.0),
-    Case("store_load", "store load", "store", None, STORE, store_ranks.SIZES,
-         spec=store_spec, after=store_load.extrapolate),
-    Case("dropin", "drop-in (fake)", "fake", workloads.dropin, (
-        M("dropin.fake.first", "first", f"{DM5}: first call", "fmesh: fmesh.device_mesh."
+    Case("store_load", "store load", "store", None, STORE, store_load.SIZES,
+         spec=store_spec, after=extrapolate),
+    Case("dropin", "drop-in (fake)", "fake", work.build, (
+        M("dropin.fake.first", "seconds", f"{DM5}: first call", "fmesh: fmesh.device_mesh."
           f"init_device_mesh; {DROPIN}; fresh process (median over processes)"),
         M("dropin.fake.repeat", "repeat", f"{DM5}: the same call again", "fmesh: fmesh."
           f"device_mesh.init_device_mesh; {DROPIN}; per call; fmesh: a memo hit"),
-    ), BIG, THREE, spec=batches, timeout_s=300.0),
-    Case("dropin", "drop-in (gloo)", "gloo", jobs.dropin, (
-        M("dropin.gloo.first", "first", f"{DM5}: first call: wall time, max over ranks",
+    ), BIG, THREE, spec=batches(what="dropin", again=True), timeout_s=300.0),
+    Case("dropin", "drop-in (gloo)", "gloo", work.build, (
+        M("dropin.gloo.first", "seconds", f"{DM5}: first call: wall time, max over ranks",
           f"real gloo processes; {DROPIN}", every_size=True),
         M("dropin.gloo.repeat", "repeat",
           f"{DM5}: the same call again: per call, max over ranks",
           f"real gloo processes; {DROPIN}; fmesh: a memo hit", every_size=True),
-    ), GLOO, GLOO_REPEATS, spec=lambda mode, size: {"repeats": 50}, timeout_s=300.0),
+    ), GLOO, GLOO_REPEATS, spec=given(what="dropin", again=50), timeout_s=300.0),
     Case("elastic", "elastic (gloo)", "gloo", jobs.elastic, (
         M("elastic.recovery.seconds", "cost", "a SIGKILLed rank: failed collective to the "
           "first good step after it, less recover's wait, slowest survivor",
@@ -285,7 +296,7 @@ CASES: tuple[Case, ...] = (
           torch="", skipped="no in-process recovery"),
     ), {mode: ((2, 2, 2),) for mode in MODES}, THREE, impls=("fmesh",), timeout_s=120.0,
          may_die=(jobs.VICTIM,)),
-    Case("memory", "memory", "fake", workloads.roots, (
+    Case("memory", "memory", "fake", work.roots, (
         M("memory.roots.growth", "growth",
           "roots with distinct dim names, built and dropped: memory growth",
           "fake backend; each root (2x4) built, _flatten-ed and _unflatten-ed under new "
@@ -294,7 +305,7 @@ CASES: tuple[Case, ...] = (
     ), {mode: (8,) for mode in MODES}, spec=lambda mode, _: {"roots": ROOTS[mode]},
          skip_torch={"smoke": "skipped in smoke mode (a minute of torch new_group calls)"},
          timeout_s=300.0),
-    Case("memory", "memory", "fake", workloads.value_size, (
+    Case("memory", "memory", "fake", work.value_size, (
         M("memory.value.pickle", "pickle", "one mesh value: pickle size",
           "torch: DeviceMesh without groups", "B"),
         M("memory.value.deep", "deep", "one mesh value: deep size",
@@ -302,22 +313,22 @@ CASES: tuple[Case, ...] = (
         M("memory.value.construct_peak", "construct_peak",
           "one mesh value: tracemalloc peak while constructing",
           "Python allocations only (torch's tensor storage not seen)", "B"),
-    ), {"full": (2**20,), "quick": (2**14,), "smoke": (2**8,)}, both=True, timeout_s=300.0),
-    Case("memory", "memory", "fake", workloads.realize, tuple(
+    ), LARGEST, both=True, timeout_s=300.0),
+    Case("memory", "memory", "fake", work.build, tuple(
         M(f"memory.realized.traced_{what}", f"traced_{what}",
           f"realized mesh + 3 flattens: tracemalloc {what}", "fake backend; torch: "
           "init_device_mesh + 3 _flatten calls; Python allocations only", "B")
         for what in ("retained", "peak")
-    ), {"full": (2**20,), "quick": (2**14,), "smoke": (2**8,)},
-         spec=lambda mode, size: {"recipe": "trainer5", "trace": True},
-         torch_limit_s=180.0, timeout_s=300.0),  # tracemalloc slows Python code down
-    *(Case("titan", "torchtitan (fake)", "fake", titan.fake,
-           titan_metrics(key, "one rank, fresh process", spmd), TITAN_FAKE, FIVE,
-           spec=titan.spec_of(spmd), after=titan.growth)
+    ), LARGEST, spec=given(what="trainer5", trace=True), timeout_s=300.0),
+    *(Case("titan", "torchtitan (fake)", "fake", work.build,
+           titan_metrics(key, FRESH, spmd), TITAN_FAKE, TITAN_K, TITAN_TORCH_K,
+           spec=given(what="torchtitan", spmd=spmd, creation=True, freeze=True),
+           after=titan.growth)
       for key, spmd in (("fake", "spmd_types"), ("partial_dtensor", "partial_dtensor"))),
-    Case("titan", "torchtitan (gloo)", "gloo", titan.gloo,
+    Case("titan", "torchtitan (gloo)", "gloo", work.build,
          titan_metrics("gloo", "real gloo, slowest rank"),
-         {"full": (4, 8, 16), "quick": (4,), "smoke": (4,)}, {"full": 2}),
+         {"full": (4, 8, 16), "quick": (4,), "smoke": (4,)}, {"full": 2},
+         spec=given(what="torchtitan", spmd="spmd_types", creation=True)),
     Case("plan", "plan (fake)", "fake", jobs.plan, (
         M("plan.titan.seconds", "seconds", f"{PLAN}, wall time",
           "the whole command as a subprocess, importing torch included; each rank on a "

@@ -9,9 +9,8 @@ clones share their parent's counter.
 
 from __future__ import annotations
 
-import collections
-import datetime
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,41 +18,22 @@ from torch._C._distributed_c10d import Store
 
 from fmesh._protocol import sentinel
 
-__all__ = [
-    "AGREE",
-    "SENTINELS",
-    "WATCH",
-    "CountingStore",
-    "agree_call",
-    "delta",
-    "kind",
-    "per_call",
-    "sentinels",
-    "watch_call",
-]
-
 AGREE = "fmesh/a/"
 """What every key of fmesh's agreement contains."""
-
-
 WATCH = "/w/"
 """What every key of a creating call's peer watch adds to its call's prefix."""
-
 SENTINELS = sentinel.KEY
 """What every rank's sentinel-address key contains (one per rank, written once per
 process and read once per watcher)."""
 
 
 def kind(key: str) -> str:
-    """``"watch"`` for the peer watch's keys (sentinel addresses included),
-    ``"agree"`` for the rest of fmesh's agreement keys (the call's counter
-    ``P+"done"``, which the closing barrier goes on counting on, included), ``"other"``
-    for the rest."""
+    """``"watch"`` for the peer watch's keys (sentinel addresses included), ``"agree"``
+    for the rest of fmesh's agreement keys (the call's counter ``P+"done"``, which the
+    closing barrier goes on counting on, included), ``"other"`` for the rest."""
     if SENTINELS in key:
         return "watch"
-    if AGREE not in key:
-        return "other"
-    return "watch" if WATCH in key else "agree"
+    return "other" if AGREE not in key else "watch" if WATCH in key else "agree"
 
 
 def delta(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
@@ -65,10 +45,9 @@ def delta(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]
 def per_call(keys: Mapping[str, int], call: Callable[[str], str | None]) -> dict[str, int]:
     """Requests per call: the per-key counts ``keys`` summed by ``call(key)`` (the
     call a key belongs to, ``None`` for keys of no call)."""
-    out: collections.Counter[str] = collections.Counter()
+    out: Counter[str] = Counter()
     for key, n in keys.items():
-        which = call(key)
-        if which is not None:
+        if (which := call(key)) is not None:
             out[which] += n
     return dict(out)
 
@@ -91,22 +70,16 @@ def sentinels(keys: Mapping[str, int]) -> int:
 
 
 class CountingStore(Store):
-    """Forwards to ``inner``; ``counts[kind]`` is the number of requests sent."""
+    """Forwards to ``inner``; ``counts[kind]`` is the number of requests sent, ``keys``
+    the requests per key (a multi-key request counts for its first), ``reads`` the
+    ``get`` requests per key."""
 
     def __init__(self, inner: Any, parent: CountingStore | None = None) -> None:
         super().__init__()
         self.inner = inner
-        self.counts: collections.Counter[str] = (
-            parent.counts if parent is not None else collections.Counter()
-        )
-        self.reads: collections.Counter[str] = (
-            parent.reads if parent is not None else collections.Counter()
-        )
-        """``get`` requests per key."""
-        self.keys: collections.Counter[str] = (
-            parent.keys if parent is not None else collections.Counter()
-        )
-        """Requests per key (a multi-key request counts for its first key)."""
+        self.counts: Counter[str] = parent.counts if parent is not None else Counter()
+        self.reads: Counter[str] = parent.reads if parent is not None else Counter()
+        self.keys: Counter[str] = parent.keys if parent is not None else Counter()
         self._lock: threading.Lock = parent._lock if parent is not None else threading.Lock()
 
     def _n(self, keys: str | list[str], n: int = 1) -> None:
@@ -129,38 +102,15 @@ class CountingStore(Store):
         with self._lock:
             return sum(n for key, n in self.reads.items() if key.endswith(suffix))
 
-    def set(self, key: str, value: Any) -> None:
-        self._n(key)
-        self.inner.set(key, value)
-
     def get(self, key: str) -> bytes:
-        self._n(key, 2)
         with self._lock:
             self.reads[key] += 1
+        self._n(key, 2)
         return bytes(self.inner.get(key))
 
-    def add(self, key: str, value: int) -> int:
+    def append(self, key: str, value: Any) -> None:  # not in torch's Store stubs
         self._n(key)
-        return int(self.inner.add(key, value))
-
-    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        self._n(key)
-        return bytes(self.inner.compare_set(key, expected, desired))
-
-    def check(self, keys: list[str]) -> bool:
-        self._n(keys)
-        return bool(self.inner.check(keys))
-
-    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
-        self._n(keys)
-        if timeout is None:
-            self.inner.wait(keys)
-        else:
-            self.inner.wait(keys, timeout)
-
-    def delete_key(self, key: str) -> bool:
-        self._n(key)
-        return bool(self.inner.delete_key(key))
+        self.inner.append(key, value)
 
     # The C++ side calls these two by their C++ names.
     def deleteKey(self, key: str) -> bool:
@@ -168,22 +118,6 @@ class CountingStore(Store):
 
     def listKeys(self) -> list[str]:
         return self.list_keys()
-
-    def num_keys(self) -> int:
-        self._n("")
-        return int(self.inner.num_keys())
-
-    def append(self, key: str, value: Any) -> None:
-        self._n(key)
-        self.inner.append(key, value)
-
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        self._n(keys, 2)
-        return [bytes(v) for v in self.inner.multi_get(keys)]
-
-    def multi_set(self, keys: list[str], values: list[Any]) -> None:
-        self._n(keys)
-        self.inner.multi_set(keys, values)
 
     def list_keys(self) -> list[str]:
         return list(self.inner.list_keys())
@@ -193,3 +127,19 @@ class CountingStore(Store):
 
     def clone(self) -> CountingStore:
         return CountingStore(self.inner.clone(), self)
+
+
+def _forward(name: str, requests: int) -> Callable[..., Any]:
+    def method(self: CountingStore, *args: Any) -> Any:
+        self._n(args[0] if args else "", requests)
+        return getattr(self.inner, name)(*args)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+# Every other operation: counted by its first key (num_keys: none), then forwarded.
+_OPS = {"set": 1, "add": 1, "compare_set": 1, "check": 1, "wait": 1, "delete_key": 1}
+_OPS |= {"num_keys": 1, "multi_get": 2, "multi_set": 1}
+for _name, _requests in _OPS.items():
+    setattr(CountingStore, _name, _forward(_name, _requests))

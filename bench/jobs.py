@@ -1,9 +1,6 @@
-"""What the real-gloo rows measure (one worker per kind of job, run on every rank), and
-``fmesh plan`` as a user runs it.
-
-A job is one fresh process per rank on a store the bench hosts (:mod:`bench.launch`);
-each rank returns its own figures and the runner combines them (the slowest rank's
-time, the mean of its requests, ...).
+"""The real-gloo jobs with phases of their own (run on every rank), and ``fmesh plan`` as
+a user runs it. A rank returns ``{impl: figures}``; the runner combines the ranks' (the
+slowest rank's time, the mean of its requests, ...).
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ import functools
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -22,15 +18,12 @@ from pathlib import Path
 
 from . import torch_ref
 from .counting import CountingStore, agree_call, delta, per_call, sentinels, watch_call
-from .shared import NAMES, Json
-from .workloads import RECIPES, hit_times, hit_work, init_device_mesh_of, three_axes
+from .shared import Json
+from .work import OPS, RECIPES, hit_times, hit_work, three_axes
 
 # world_1d first: later, a flatten of the 5-d mesh may cover the world in rank order
 # (then fmesh's memo already holds that axis).
-PHASES = {
-    "fmesh": ("world_1d", "new", "memo"),
-    "torch": ("world_1d", "new"),
-}
+PHASES = {"fmesh": ("world_1d", "new", "memo"), "torch": ("world_1d", "new")}
 RECIPE = {"world_1d": "world_1d", "new": "trainer5", "memo": "trainer5"}
 
 
@@ -46,12 +39,16 @@ def realize(spec: Json) -> Json:
     import fmesh
     from fmesh._protocol.agreement import count_keys
 
-    rank = int(os.environ["RANK"])
-    given = torch_ref.init_gloo_worker(spec, CountingStore if spec["count"] else None)
-    store = given if spec["count"] else CountingStore(given)
+    rank, impl, shape, count = (
+        int(os.environ["RANK"]),
+        spec["impl"],
+        spec["shape"],
+        spec["count"],
+    )
+    given = torch_ref.init_gloo(spec, CountingStore if count else None)
+    store = given if count else CountingStore(given)
     raw = store.inner
-    impl, shape = spec["impl"], spec["shape"]
-    out: Json = {"rank": rank, "counted": spec["count"]}
+    out: Json = {"rank": rank}
     keep: list[object] = []
 
     def phase(run: Callable[[], Json]) -> Json:
@@ -65,7 +62,7 @@ def realize(spec: Json) -> Json:
         result.setdefault("seconds", time.perf_counter() - start)
         result["groups"] = torch_ref.group_counters()[0] - groups0
         result["created"] = fmesh.cache_stats().created - created0
-        if spec["count"]:
+        if count:
             added = delta(store.key_snapshot(), keys)
             calls, watched = per_call(added, agree_call), per_call(added, watch_call)
             result["requests"] = sum(delta(store.snapshot(), counts).values())
@@ -79,43 +76,16 @@ def realize(spec: Json) -> Json:
         return result
 
     def recipe(name: str) -> Json:
-        result = RECIPES[RECIPE[name]][impl](shape)
-        keep.append(result)
-        return {"calls": len(result) if isinstance(result, list) else 1}
+        keep.append(meshes := RECIPES[RECIPE[name]](OPS[impl], shape))
+        return {"calls": len(meshes)}
 
     for name in PHASES[impl]:
         out[name] = phase(functools.partial(recipe, name))
     dist.barrier()
-    rounds = spec["rounds"]
-    work = hit_work(impl, three_axes(shape), rounds)
-    out["hit"] = phase(lambda: hit_times(work, rounds, spec["budget_s"]))
+    work = hit_work(impl, three_axes(shape), spec["rounds"])
+    out["hit"] = phase(lambda: hit_times(work, spec["rounds"], spec["budget_s"]))
     dist.barrier()
-    return out
-
-
-def dropin(spec: Json) -> Json:
-    """One rank: ``init_device_mesh`` of the 5-d mesh, the first call, then ``repeats``
-    more for fmesh (memo hits), a tenth as many for torch; the median of those."""
-    import torch.distributed as dist
-
-    import fmesh.device_mesh  # noqa: F401 - imported before timing, as torch's module
-
-    torch_ref.init_gloo_worker(spec)
-    init = init_device_mesh_of(spec["impl"])
-    shape = tuple(spec["shape"])
-    dist.barrier()
-    start = time.perf_counter()
-    keep = init("cpu", shape, mesh_dim_names=NAMES)
-    first = time.perf_counter() - start
-    dist.barrier()
-    times = []
-    for _ in range(spec["repeats"] // (1 if spec["impl"] == "fmesh" else 10)):
-        start = time.perf_counter()
-        init("cpu", shape, mesh_dim_names=NAMES)
-        times.append(time.perf_counter() - start)
-    dist.barrier()
-    del keep
-    return {"rank": dist.get_rank(), "first": first, "repeat": statistics.median(times)}
+    return {impl: out}
 
 
 VICTIM, KILL_STEP, STEPS = 5, 2, 4
@@ -134,7 +104,7 @@ def elastic(spec: Json) -> Json:
     import fmesh
 
     rank, timeout = int(os.environ["RANK"]), datetime.timedelta(seconds=COLLECTIVE_S)
-    torch_ref.init_gloo_worker(spec, store_s=60.0, group_s=COLLECTIVE_S)
+    torch_ref.init_gloo(spec, store_s=60.0, group_s=COLLECTIVE_S)
     mesh = fmesh.make_mesh({"dp": 2, "fsdp": 2, "tp": 2})
     # First without the short timeout: a process's first creating call on 8 ranks
     # sharing 2 CPUs can take longer than the 3 s the run measures with.
@@ -150,7 +120,9 @@ def elastic(spec: Json) -> Json:
                 dist.all_reduce(x, group=realized.group(axis))
             step += 1
             if failed_at is not None:
-                return {"rank": rank, "cost": time.monotonic() - failed_at - in_recover}
+                return {
+                    "fmesh": {"rank": rank, "cost": time.monotonic() - failed_at - in_recover}
+                }
         except RuntimeError:
             failed_at = failed_at or time.monotonic()
             began = time.monotonic()
@@ -159,10 +131,8 @@ def elastic(spec: Json) -> Json:
             held = {r for r in lost if fmesh.coordinate(mesh, r) is not None}
             mesh = fmesh.shrink(mesh, held, axis="dp")
             realized = fmesh.realize(mesh, timeout=timeout)
-    return {"rank": rank, "cost": None}
+    return {"fmesh": {"rank": rank, "cost": None}}
 
-
-# -- fmesh plan ---------------------------------------------------------------------------
 
 PLAN_TARGET = "examples/parallel_dims.py:torchtitan"
 PLAN_RANKS = 16

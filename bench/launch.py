@@ -2,10 +2,10 @@
 
 Every measurement runs in a fresh process forked from a server that has imported
 torch once: process groups are process-global, so each measurement starts with none,
-and none pays (or times) a torch import. A real-gloo job is one such process per rank
-on a store this process hosts (as torchrun's agent does), with no cap on the number of
-ranks. A :class:`Service` is a fresh process that answers requests until closed (a
-store server, a crowd of simulated ranks).
+and none pays (or times) a torch import. A gloo job is one such process per rank on a
+store this process hosts (as torchrun's agent does), with no cap on the number of
+ranks. A *service* is a fresh process that answers requests until closed (a store
+server, a crowd of simulated ranks).
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import multiprocessing
-import multiprocessing.context
-import multiprocessing.process
 import os
 import time
 import traceback
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.context import ForkServerContext
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from . import torch_ref
@@ -29,20 +29,14 @@ from .shared import Json
 Worker = Callable[[Json], Json]
 Server = Callable[[Json, Connection], None]
 """Runs a service: reads requests from the connection, answers each with :func:`reply`."""
+_ctx: list[ForkServerContext] = []
 
 
 class WorkerError(RuntimeError):
-    """A measurement process failed or died."""
+    """A measurement process failed, died or ran past its time."""
 
 
-class WorkerTimeout(WorkerError):
-    """A measurement process ran past its time limit (it was killed)."""
-
-
-_ctx: list[multiprocessing.context.ForkServerContext] = []
-
-
-def context() -> multiprocessing.context.ForkServerContext:
+def context() -> ForkServerContext:
     if not _ctx:
         # torch's C++ warnings (a store wait that timed out, a host name not found) are
         # expected by the thousand in the store-load rows: errors only.
@@ -52,10 +46,13 @@ def context() -> multiprocessing.context.ForkServerContext:
     return _ctx[0]
 
 
-def _child(worker: Worker, spec: Json, env: dict[str, str], conn: Connection) -> None:
+def _child(fn: Any, spec: Json, env: dict[str, str], conn: Connection, serve: bool) -> None:
     os.environ.update(env)
     try:
-        conn.send(("ok", worker(spec)))
+        if serve:
+            fn(spec, conn)
+        else:
+            conn.send(("ok", fn(spec)))
     except BaseException:  # report everything; the parent decides
         conn.send(("error", traceback.format_exc()))
     conn.close()
@@ -69,13 +66,13 @@ class Started:
     """A process this bench started, and the end of its pipe."""
 
     what: str
-    proc: multiprocessing.process.BaseProcess
+    proc: BaseProcess
     conn: Connection
 
     def receive(self, timeout_s: float) -> Any:
-        """The next answer; WorkerTimeout past ``timeout_s``, WorkerError if it failed."""
+        """The next answer; WorkerError if it failed, died or gave none in time."""
         if not self.conn.poll(max(0.0, timeout_s)):
-            raise WorkerTimeout(f"{self.what} gave no answer within {timeout_s:.0f} s")
+            raise WorkerError(f"{self.what} gave no answer within {timeout_s:.0f} s")
         try:
             status, payload = self.conn.recv()
         except EOFError:
@@ -87,8 +84,15 @@ class Started:
             raise WorkerError(f"{self.what} failed:\n{payload}")
         return payload
 
+    def ask(self, request: object, timeout_s: float) -> Any:
+        """A service's answer to ``request``."""
+        self.conn.send(request)
+        return self.receive(timeout_s)
+
     def stop(self, grace_s: float = 5.0) -> None:
-        """Wait up to ``grace_s`` for the process to end, then kill it."""
+        """Ask a service to stop (``None``), wait up to ``grace_s``, then kill."""
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
         self.conn.close()
         self.proc.join(grace_s)
         if self.proc.is_alive():
@@ -96,27 +100,26 @@ class Started:
             self.proc.join(10)
 
 
-def start(worker: Worker, spec: Json, env: dict[str, str] | None = None) -> Started:
-    ctx = context()
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(worker, spec, env or {}, send), daemon=True)
+def start(
+    fn: Worker | Server, spec: Json, env: dict[str, str] | None = None, serve: bool = False
+) -> Started:
+    """A fresh process running a worker (one answer) or a server (``serve``)."""
+    mine, theirs = context().Pipe()
+    args = (fn, spec, env or {}, theirs, serve)
+    proc = context().Process(target=_child, args=args, daemon=True)
     proc.start()
-    send.close()
-    return Started(f"{worker.__module__}.{worker.__name__} {spec}", proc, recv)
-
-
-def finish(started: Started, deadline: float) -> Json:
-    """The worker's result; kill it and raise WorkerTimeout past ``deadline``."""
-    try:
-        result: Json = started.receive(deadline - time.monotonic())
-        return result
-    finally:
-        started.stop(5 if started.proc.exitcode is None else 0)
+    theirs.close()
+    return Started(f"{fn.__module__}.{fn.__name__}{'' if serve else f' {spec}'}", proc, mine)
 
 
 def run_worker(worker: Worker, spec: Json, timeout_s: float) -> Json:
-    """Run one measurement in a fresh process; raise WorkerTimeout past ``timeout_s``."""
-    return finish(start(worker, spec), time.monotonic() + timeout_s)
+    """Run one measurement in a fresh process (killed past ``timeout_s``)."""
+    started = start(worker, spec)
+    try:
+        result: Json = started.receive(timeout_s)
+        return result
+    finally:
+        started.stop()
 
 
 def start_job(
@@ -124,18 +127,17 @@ def start_job(
 ) -> tuple[object, list[Started]]:
     """One fresh process per rank on a store this process hosts, as torchrun's agent
     does: each rank gets the torchrun environment (and ``env``), and ``spec`` plus
-    ``port`` and ``timeout_s``; it connects to the store itself. Returns the store
-    (keep it while the ranks run) and the ranks."""
-    store = torch_ref.host_store(world, datetime.timedelta(seconds=timeout_s))
+    ``port`` and ``timeout_s``. Returns the store (keep it while the ranks run) and
+    the ranks."""
+    store = torch_ref.tcp_store(0, world, datetime.timedelta(seconds=timeout_s), master=True)
     spec = {**spec, "port": store.port, "timeout_s": timeout_s}
     common = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
     common |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
     common["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
-    ranks = [
-        start(worker, spec, {**common, **(env or {}), "RANK": str(r), "LOCAL_RANK": str(r)})
-        for r in range(world)
+    envs = [
+        {**common, **(env or {}), "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world)
     ]
-    return store, ranks
+    return store, [start(worker, spec, e) for e in envs]
 
 
 def run_gloo_job(
@@ -155,7 +157,8 @@ def run_gloo_job(
     try:
         for r, started in enumerate(ranks):
             try:
-                results.append(finish(started, deadline))
+                results.append(started.receive(deadline - time.monotonic()))
+                started.stop()
             except WorkerError as err:
                 if r in may_die and started.proc.exitcode == -9:  # SIGKILL
                     continue
@@ -169,41 +172,6 @@ def run_gloo_job(
     return results
 
 
-# -- services -----------------------------------------------------------------------------
-
-
 def reply(conn: Connection, payload: object) -> None:
     """Answer the request a service is serving."""
     conn.send(("ok", payload))
-
-
-def _serve(server: Server, spec: Json, conn: Connection) -> None:
-    try:
-        server(spec, conn)
-    except BaseException:  # report everything; the parent decides
-        conn.send(("error", traceback.format_exc()))
-    conn.close()
-    os._exit(0)
-
-
-class Service(Started):
-    """A process that answers requests until it is closed."""
-
-    def ask(self, request: object, timeout_s: float) -> Any:
-        self.conn.send(request)
-        return self.receive(timeout_s)
-
-    def close(self) -> None:
-        """Stop the process (asked first: ``None`` is every service's stop)."""
-        with contextlib.suppress(OSError):
-            self.conn.send(None)
-        self.stop()
-
-
-def serve(server: Server, spec: Json) -> Service:
-    ctx = context()
-    mine, theirs = ctx.Pipe(duplex=True)
-    proc = ctx.Process(target=_serve, args=(server, spec, theirs), daemon=True)
-    proc.start()
-    theirs.close()
-    return Service(f"{server.__module__}.{server.__name__}", proc, mine)

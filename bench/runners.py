@@ -1,32 +1,28 @@
 """How a case of :mod:`bench.cases` is run and read into rows.
 
-A case names a worker, the sizes it runs at and the metrics it reports. Its runner
-turns each size into *runs* per library: ``{"fmesh": [job, ...], "torch": [...]}``,
-where a job is a list of rank results (one for a fake-backend process). A metric reads
-one figure from every job (over its ranks: the slowest, the mean, ...) and takes the
-median over jobs. Three runners:
-
-* ``fake``: one fresh process per library and repeat (or one per repeat for workers
-  that measure both libraries side by side), fmesh's and torch's interleaved: the
-  machine's load drifts. torch is skipped where its time, extrapolated from the
-  smaller sizes, passes the case's limit;
-* ``gloo``: one real gloo job per library and repeat, interleaved, after one counting
-  job per library when a metric counts store requests;
-* ``store``: :func:`bench.store_load.measure` (one store server, many simulated ranks).
+A runner turns each size of a case into *runs* per library: ``{"fmesh": [job, ...],
+"torch": [...]}``, a job being a list of rank results (one for a fake-world process).
+``fake`` and ``gloo`` cases run, per repeat, a fresh process or a real gloo job per
+library, fmesh's and torch's interleaved (the machine's load drifts), after one
+counting job per library where a metric counts store requests; ``store`` cases run
+:func:`bench.store_load.measure`. A metric reads one figure from every job (over its
+ranks: the slowest, the mean, ...) and takes the median over jobs.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .launch import WorkerTimeout, run_gloo_job, run_worker
+from .launch import run_gloo_job, run_worker
 from .shared import Bench, Json, Row, median, shape_str, world_str
 
 IMPLS = ("fmesh", "torch")
 Runs = dict[str, list[list[Json]]]
+PerMode = Mapping[str, int | tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -34,22 +30,14 @@ class Metric:
     """One row of a case at every size: where its figures are, and how it reads."""
 
     key: str
-    read: str
-    """Where a rank's result holds the figure (``new.seconds``: a phase's; ``*.x``:
-    the most of ``x`` over the phases)."""
+    read: str  # where a rank's result holds it: "new.seconds" (a phase's), "*.x" (most)
     label: str
-    note: str = ""
-    """Shown in the note column; ``{name}`` takes a string fmesh's worker returned."""
+    note: str = ""  # "{name}": a string fmesh's worker returned, "same", "n_fmesh", ...
     unit: str = "s"
-    ranks: str = "max"
-    """Over a job's ranks: ``max``, ``mean``, ``sum``, ``rank0``, or ``per:<read>``
-    (the sum of the figure over the sum of another)."""
-    torch: str | None = None
-    """Where torch's figure is (``None``: the same place; ``""``: none)."""
-    skipped: str | None = None
-    """What the torch column says when there is no torch figure."""
-    counted: bool = False
-    """From the counting job (store requests); else from the timed jobs."""
+    ranks: str = "max"  # over a job's ranks: max, mean, sum, rank0, per:<read of a total>
+    torch: str | None = None  # where torch's figure is (None: the same place; "": none)
+    skipped: str | None = None  # what the torch column says where it has no figure
+    counted: bool = False  # from the counting jobs (store requests), not the timed ones
     every_size: bool = False
     resolution: float = 0.0
 
@@ -58,36 +46,32 @@ class Metric:
 class Case:
     """A worker, the sizes and repeats it runs at in each mode, and its metrics."""
 
-    name: str
-    """What ``--section`` selects it by."""
+    name: str  # what ``--section`` selects it by
     section: str
-    runner: str
-    worker: Callable[..., Any] | None
+    runner: str  # "fake", "gloo" or "store"
+    worker: Callable[[Json], Json] | None
     metrics: tuple[Metric, ...]
-    sizes: Mapping[str, tuple[Any, ...]]
-    """Per mode: world sizes (fake), 5-d shapes or world sizes (gloo)."""
-    repeats: Mapping[str, int | tuple[int, ...]] = field(default_factory=dict)
-    """Per mode (1 where absent): jobs or processes per library, or one per size."""
+    sizes: Mapping[str, tuple[Any, ...]]  # per mode: world sizes, or gloo jobs' shapes
+    repeats: PerMode = field(default_factory=dict)  # per mode (1 where absent), or size
+    torch_repeats: PerMode = field(default_factory=dict)  # where torch runs fewer times
     spec: Callable[[str, Any], Json] = lambda mode, size: {}
     impls: tuple[str, ...] = IMPLS
-    both: bool = False
-    """The worker measures both libraries in one process."""
-    torch_limit_s: float | None = None
-    """Skip torch past this many seconds (estimated, or by timeout)."""
-    skip_torch: Mapping[str, str] = field(default_factory=dict)
-    """Modes that skip torch, and why."""
+    both: bool = False  # the worker measures both libraries in one process
+    skip_torch: Mapping[str, str] = field(default_factory=dict)  # modes that do, and why
     timeout_s: float = 600.0
-    may_die: tuple[int, ...] = ()
-    """Ranks of a gloo job that may die by SIGKILL."""
-    after: Callable[[list[Row]], list[Row]] | None = None
-    """More rows from the measured ones (extrapolations)."""
+    may_die: tuple[int, ...] = ()  # ranks of a gloo job that may die by SIGKILL
+    after: Callable[[list[Row]], list[Row]] | None = None  # more rows from the measured
 
-    def plan(self, mode: str) -> list[tuple[Any, int]]:
-        """(size, repeats) of each size in ``mode``."""
+    def plan(self, mode: str) -> list[tuple[Any, int, int]]:
+        """(size, repeats, torch's repeats) of each size in ``mode``."""
         sizes = self.sizes[mode]
-        repeats = self.repeats.get(mode, 1)
-        each = repeats if isinstance(repeats, tuple) else (repeats,) * len(sizes)
-        return list(zip(sizes, each, strict=True))
+
+        def each(per: PerMode, default: int | tuple[int, ...]) -> tuple[int, ...]:
+            n = per.get(mode, default)
+            return n if isinstance(n, tuple) else (n,) * len(sizes)
+
+        repeats = each(self.repeats, 1)
+        return list(zip(sizes, repeats, each(self.torch_repeats, repeats), strict=True))
 
     @property
     def raw_key(self) -> str:
@@ -95,93 +79,46 @@ class Case:
         return self.metrics[0].key.rpartition(".")[0]
 
 
-def _worker(case: Case) -> Callable[[Json], Json]:
-    if case.worker is None:
-        raise ValueError(f"{case.raw_key}: the {case.runner} runner needs a worker")
-    return case.worker
-
-
 def ranks_of(size: Any) -> int:
     return size if isinstance(size, int) else math.prod(size)
 
 
-def label_of(case: Case, size: Any) -> str:
-    if isinstance(size, int):
-        return world_str(size)
-    return f"{ranks_of(size)} ({shape_str(size)})"
+def label_of(size: Any) -> str:
+    return (
+        world_str(size) if isinstance(size, int) else f"{ranks_of(size)} ({shape_str(size)})"
+    )
 
 
-# -- runners ------------------------------------------------------------------------------
-
-
-def run_fake(
-    b: Bench, case: Case, size: Any, repeats: int, torch_points: list[tuple[int, float]]
-) -> Json:
-    """Fresh processes; torch skipped past the case's limit (estimated from
-    ``torch_points``, the (size, seconds) of torch's smaller sizes)."""
+def run_jobs(b: Bench, case: Case, size: Any, repeats: int, torch_repeats: int) -> Json:
+    """Fresh processes or gloo jobs: a counting job per library first (when a metric
+    counts), then ``repeats`` timed ones (torch: ``torch_repeats``), interleaved."""
+    assert case.worker is not None, case.raw_key
     runs: Runs = {impl: [] for impl in case.impls}
     skipped = case.skip_torch.get(b.mode)
-    limit = case.torch_limit_s
-    if skipped is None and limit is not None and torch_points:
-        est = estimate(torch_points, size)
-        if est > limit:
-            skipped = f"skipped (>{limit:.0f} s est.: {est:.0f} s)"
-    impls = [i for i in case.impls if i == "fmesh" or skipped is None]
-    for _ in range(repeats):
-        for impl in [None] if case.both else impls:
-            spec = {**case.spec(b.mode, size), "impl": impl, "world": size}
-            try:
-                timeout = case.timeout_s if impl != "torch" or limit is None else limit + 30
-                out = run_worker(_worker(case), spec, timeout)
-            except WorkerTimeout:
-                if impl != "torch":
-                    raise
-                skipped = f"skipped (ran past {limit:.0f} s)"
-                runs["torch"] = []
-                impls = ["fmesh"]
-                continue
-            for name, figures in out.items():
-                runs[name].append([figures])
-    if runs.get("torch") and "seconds" in runs["torch"][0][0]:
-        torch_points.append((size, median([job[0]["seconds"] for job in runs["torch"]])))
-    # Past a time limit the note says why; a mode's skip only fills the torch column.
-    return {"runs": runs, "skipped": skipped, "over": skipped != case.skip_torch.get(b.mode)}
-
-
-def estimate(points: list[tuple[int, float]], world: int) -> float:
-    """Extrapolate a time to ``world`` from smaller sizes (at least linearly)."""
-    (w1, t1) = points[-1]
-    exponent = 1.0
-    if len(points) >= 2 and points[-2][1] > 0 and t1 > 0:
-        (w0, t0) = points[-2]
-        exponent = max(1.0, math.log(t1 / t0) / math.log(w1 / w0))
-    return float(t1 * (world / w1) ** exponent)
-
-
-def run_gloo(b: Bench, case: Case, size: Any, repeats: int, _: object) -> Json:
-    """Real gloo jobs: a counting job per library first (when a metric counts), then
-    ``repeats`` timed ones, fmesh's and torch's interleaved."""
-    world = ranks_of(size)
-    runs: Runs = {impl: [] for impl in case.impls}
     counting = any(m.counted for m in case.metrics)
-    for count in [True] * counting + [False] * repeats:
-        for impl in case.impls:
-            spec = {**case.spec(b.mode, size), "impl": impl, "count": count, "shape": size}
-            job = run_gloo_job(_worker(case), world, spec, case.timeout_s, case.may_die)
-            runs[impl].append([{**r, "counted": count} for r in job])
-    return {"runs": runs, "skipped": None}
+    world = ranks_of(size)
+    for i, count in enumerate([True] * counting + [False] * repeats):
+        for impl in [None] if case.both else case.impls:
+            if impl == "torch" and (skipped or i - counting >= torch_repeats):
+                continue
+            spec = {**case.spec(b.mode, size), "impl": impl, "count": count}
+            spec |= {"world": world, "shape": size}
+            if case.runner == "gloo":
+                job = run_gloo_job(case.worker, world, spec, case.timeout_s, case.may_die)
+            else:
+                job = [run_worker(case.worker, spec, case.timeout_s)]
+            for name in job[0]:
+                runs[name].append([{**r[name], "counted": count} for r in job])
+    return {"runs": runs, "skipped": skipped}
 
 
-def run_store(b: Bench, case: Case, size: Any, repeats: int, _: object) -> Json:
+def run_store(b: Bench, case: Case, size: Any, repeats: int, _: int) -> Json:
     from .store_load import measure
 
     return {"runs": measure(size, repeats, **case.spec(b.mode, size)), "skipped": None}
 
 
-RUNNERS = {"fake": run_fake, "gloo": run_gloo, "store": run_store}
-
-
-# -- reading ------------------------------------------------------------------------------
+RUNNERS = {"fake": run_jobs, "gloo": run_jobs, "store": run_store}
 
 
 def _get(result: Json, read: str) -> Any:
@@ -196,25 +133,22 @@ def _get(result: Json, read: str) -> Any:
 
 def figure(jobs: list[list[Json]], metric: Metric, read: str) -> float | None:
     """The median over jobs (the counting jobs, or the others) of a job's figure."""
-    chosen = [job for job in jobs if job[0].get("counted", False) == metric.counted]
     values = []
-    for job in chosen:
+    for job in jobs:
+        if job[0].get("counted", False) != metric.counted:
+            continue
         got = [(r, _get(r, read)) for r in job]
         each = [float(v) for _, v in got if v is not None]
+        how = metric.ranks
         if not each:
             continue
-        how = metric.ranks
         if how == "rank0":
             values.append(float(next(v for r, v in got if r.get("rank", 0) == 0)))
-        elif how == "sum":
-            values.append(sum(each))
-        elif how == "mean":
-            values.append(sum(each) / len(each))
         elif how.startswith("per:"):
             total = sum(float(_get(r, how[4:]) or 0) for r in job)
             values.append(sum(each) / total if total else 0.0)
         else:
-            values.append(max(each))
+            values.append({"sum": sum, "mean": lambda e: sum(e) / len(e)}.get(how, max)(each))
     return median(values) if values else None
 
 
@@ -239,12 +173,10 @@ def run_case(b: Bench, case: Case) -> None:
     metric at every size, in the table's order)."""
     raw: Json = {}
     rows: list[Row] = []
-    points: list[tuple[int, float]] = []
-    for size, repeats in case.plan(b.mode):
-        label = label_of(case, size)
+    for size, repeats, torch_repeats in case.plan(b.mode):
+        label = label_of(size)
         b.log(f"{case.section}: {case.raw_key} at {label} ...")
-        got = RUNNERS[case.runner](b, case, size, repeats, points)
-        raw[label] = got
+        got = raw[label] = RUNNERS[case.runner](b, case, size, repeats, torch_repeats)
         runs: Runs = got["runs"]
         same = same_meshes(runs)
         if same is False:
@@ -252,30 +184,70 @@ def run_case(b: Bench, case: Case) -> None:
         first = runs["fmesh"][0][0] if runs["fmesh"] else {}
         notes = {k: v for k, v in first.items() if isinstance(v, str)}
         notes["same"] = SAME if same else "**meshes differ from torch's**"
+        notes |= {f"n_{impl}": str(len(jobs)) for impl, jobs in runs.items()}
         for m in case.metrics:
             torch_read = m.read if m.torch is None else m.torch
-            skipped = got["skipped"] or m.skipped
             torch = None
             if torch_read and runs.get("torch") and got["skipped"] is None:
                 torch = figure(runs["torch"], m, torch_read)
-            note = got["skipped"] if got.get("over") else m.note.format_map(notes)
-            rows.append(
-                Row(
-                    m.key,
-                    case.section,
-                    m.label,
-                    label,
-                    ranks_of(size),
-                    m.unit,
-                    figure(runs["fmesh"], m, m.read),
-                    torch,
-                    note=note,
-                    skipped=skipped if torch is None else None,
-                    resolution=m.resolution,
-                    every_size=m.every_size,
-                )
-            )
+            # fmt: off
+            rows.append(Row(
+                m.key, case.section, m.label, label, ranks_of(size), m.unit,
+                figure(runs["fmesh"], m, m.read), torch, note=m.note.format_map(notes),
+                skipped=(got["skipped"] or m.skipped) if torch is None else None,
+                resolution=m.resolution, every_size=m.every_size,
+            ))
+            # fmt: on
     b.raw[case.raw_key] = raw
     order = [m.key for m in case.metrics]
     rows.sort(key=lambda r: order.index(r.key))
     b.rows.extend([*rows, *(case.after(rows) if case.after else [])])
+
+
+# -- rows derived from the measured ones (a case's ``after``) ------------------------------
+
+EXTRAPOLATE = (2**17, 2**20)
+CPU_CALL = "a creating call (gloo): server CPU per call (all ranks)"
+
+
+def extrapolate(rows: list[Row]) -> list[Row]:
+    """The server's load at 2^17 and 2^20 ranks (same group size), not measured: the
+    waiting ranks' rate as N times the highest rate per rank measured (where the crowds
+    kept up best), scaled by the watch's interval there over its interval at N (the
+    interval grows with the world: ``watch.settings``); a call's CPU (all ranks) along
+    the least-squares line through the measured sizes."""
+    from fmesh._protocol.watch import settings
+
+    rate = [r for r in rows if r.key == "store.watch.per_rank" and r.fmesh is not None]
+    cpu = [r for r in rows if r.key == "store.call.cpu_per_rank" and r.fmesh is not None]
+    if not (rate and cpu):
+        return []
+    last = max(rate, key=lambda r: r.fmesh or 0.0)
+    label = last.bench.replace("per rank per second", "per second")
+    sizes = ", ".join(str(r.ranks) for r in cpu)
+    out = []
+    for n in EXTRAPOLATE:
+        fm, th = (_fit([(r.ranks, (getattr(r, s) or 0.0) * r.ranks) for r in cpu], n)
+                  for s in ("fmesh", "torch"))  # fmt: skip
+        scale = settings(last.ranks, None)[0] / settings(n, None)[0]
+        w = world_str(n)
+        # fmt: off
+        out += [
+            Row("store.watch.server_extrapolated", last.section, label, w, n, "/s",
+                (last.fmesh or 0.0) * n * scale, None, skipped=last.skipped, every_size=True,
+                note=f"extrapolated (N x the rate per rank at {last.world} x I({last.world})"
+                " / I(N), the watch's interval I), not measured"),
+            Row("store.call.cpu_per_call_extrapolated", last.section, CPU_CALL, w, n, "s", fm,
+                th, note=f"extrapolated (straight line from N={sizes}), not measured",
+                every_size=True),
+        ]
+        # fmt: on
+    return sorted(out, key=lambda r: r.key, reverse=True)
+
+
+def _fit(points: list[tuple[int, float]], x: int) -> float:
+    """The least-squares line through ``points`` at ``x`` (through the origin for one)."""
+    if len(points) == 1:
+        return points[0][1] * x / points[0][0]
+    slope, intercept = statistics.linear_regression(*zip(*points, strict=True))
+    return float(slope * x + intercept)

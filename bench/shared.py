@@ -1,7 +1,7 @@
-"""What every part of the bench shares: mesh shapes, rows, timing, formatting.
+"""What every part of the bench shares: mesh shapes, rows, formatting, timing, memory.
 
-Nothing here imports torch at module level: the orchestrating process stays light and
-each measurement imports what it needs in its own fresh process.
+Nothing here imports torch: the orchestrating process stays light, and each
+measurement imports what it needs in its own fresh process.
 """
 
 from __future__ import annotations
@@ -19,32 +19,24 @@ from typing import Any
 
 Json = dict[str, Any]
 TIMES = "\N{MULTIPLICATION SIGN}"
-MODES = ("full", "quick", "smoke")
-
+Flattens = tuple[tuple[tuple[str, ...], str], ...]
 NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """The dense 5-d trainer mesh every benchmark uses."""
-FLATTENS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("dp_replicate", "dp_shard"), "dp"),
-    (("dp_shard", "cp"), "dp_shard_cp"),
-    (("dp_replicate", "dp_shard", "cp"), "dp_cp"),
-)
+# fmt: off
+FLATTENS: Flattens = ((("dp_replicate", "dp_shard"), "dp"), (("dp_shard", "cp"),
+                      "dp_shard_cp"), (("dp_replicate", "dp_shard", "cp"), "dp_cp"))
 """The three flattens a trainer makes of the dense mesh (data, FSDP, loss)."""
-TRAINER_FLATTENS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("dp_replicate", "dp_shard"), "batch"),
-    (("dp_replicate", "dp_shard", "cp"), "loss"),
-    (("dp_shard", "cp"), "fsdp"),
-)
+TRAINER_FLATTENS: Flattens = ((("dp_replicate", "dp_shard"), "batch"),
+                              (("dp_replicate", "dp_shard", "cp"), "loss"),
+                              (("dp_shard", "cp"), "fsdp"))
 """torchtitan's flattens of the dense view (its ``dp``, ``dp_cp``, ``dp_shard_cp``)."""
 EXPERT_NAMES = ("pp", "dp_replicate", "efsdp", "ep", "etp")
 """torchtitan's expert (MoE) view of the same world."""
 SHAPES: dict[int, tuple[int, int, int, int, int]] = {
-    2**6: (2, 2, 2, 2, 4),
-    2**8: (2, 2, 4, 2, 8),
-    2**10: (2, 2, 8, 4, 8),
-    2**14: (4, 4, 16, 4, 16),
-    2**17: (4, 8, 32, 4, 32),
-    2**20: (8, 8, 64, 8, 32),
+    2**6: (2, 2, 2, 2, 4), 2**8: (2, 2, 4, 2, 8), 2**10: (2, 2, 8, 4, 8),
+    2**14: (4, 4, 16, 4, 16), 2**17: (4, 8, 32, 4, 32), 2**20: (8, 8, 64, 8, 32),
 }
+# fmt: on
 """pp x dp_replicate x dp_shard x cp x tp for every world size the modes use."""
 if any(math.prod(shape) != world for world, shape in SHAPES.items()):
     raise AssertionError("every SHAPES entry must multiply to its world size")
@@ -58,30 +50,22 @@ def expert_shape(shape: Sequence[int]) -> tuple[int, int, int, int, int]:
     return (pp, dp_replicate, dp_shard * cp // ep, ep, tp)
 
 
-# -- rows -------------------------------------------------------------------------------
-
-
 @dataclass
 class Row:
     """One line of the table: both figures, their ratio, and a note."""
 
-    key: str
-    """Stable id of the benchmark, the same at every size (e.g. ``pure.slice2``)."""
+    key: str  # the benchmark's id, the same at every size (e.g. ``pure.slice2``)
     section: str
     bench: str
-    world: str
-    """Size label shown in the table (``2^17``, ``8 (1x2x2x1x2)``)."""
+    world: str  # the size shown (``2^17``, ``8 (1x2x2x1x2)``)
     ranks: int
     unit: str  # "s", "B", "count", "/s" or "x" (a ratio)
     fmesh: float | None
     torch: float | None
     note: str = ""
-    skipped: str | None = None
-    """Why the torch figure is missing."""
-    resolution: float = 0.0
-    """Differences below this are noise (e.g. RSS pages)."""
-    every_size: bool = False
-    """Show this benchmark at every size on the page (not only the largest)."""
+    skipped: str | None = None  # why the torch figure is missing
+    resolution: float = 0.0  # differences below this are noise (e.g. RSS pages)
+    every_size: bool = False  # shown on the page at every size, not only the largest
     ratio: float | None = None
 
     def __post_init__(self) -> None:
@@ -112,9 +96,6 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
-# -- formatting -------------------------------------------------------------------------
-
-
 def fmt_value(value: float | None, unit: str) -> str:
     if value is None:
         return "—"
@@ -129,8 +110,7 @@ def fmt_value(value: float | None, unit: str) -> str:
         return f"{value:.0f} B"
     if unit == "x":
         return f"{value:.3g}{TIMES}"
-    whole = value == int(value) or value >= 1000
-    text = f"{value:,.0f}" if whole else f"{value:,.3g}"
+    text = f"{value:,.0f}" if value == int(value) or value >= 1000 else f"{value:,.3g}"
     return text + (" /s" if unit == "/s" else "")
 
 
@@ -140,7 +120,7 @@ def fmt_ratio(ratio: float | None) -> str:
     return f"{ratio:,.0f}{TIMES}" if ratio >= 100 else f"{ratio:.3g}{TIMES}"
 
 
-# -- timing -----------------------------------------------------------------------------
+# -- timing and memory ------------------------------------------------------------------
 
 
 def time_batch(fn: Callable[[], object], n: int) -> float:
@@ -168,14 +148,16 @@ def calibrate(fn: Callable[[], object], target_s: float, max_n: int) -> int:
         n = min(max_n, max(2 * n, math.ceil(target_s / max(per_call, 1e-9))))
 
 
+def batches(fn: Callable[[], object], repeats: int, target_s: float, max_n: int) -> float:
+    """The median over ``repeats`` calibrated batches of seconds per call."""
+    n = calibrate(fn, target_s, max_n)
+    return median([time_batch(fn, n) for _ in range(repeats)])
+
+
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
     """(seconds, result) of one call."""
-    start = time.perf_counter()
-    result = fn()
+    start, result = time.perf_counter(), fn()
     return time.perf_counter() - start, result
-
-
-# -- memory -----------------------------------------------------------------------------
 
 
 def rss_kib() -> tuple[int, int]:
@@ -202,8 +184,7 @@ def deep_size(root: object) -> int:
     skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
     seen: set[int] = set()
     storages: set[int] = set()
-    total = 0
-    stack: list[object] = [root]
+    total, stack = 0, [root]
     while stack:
         obj = stack.pop()
         if id(obj) in seen or isinstance(obj, skip):

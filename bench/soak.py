@@ -87,7 +87,7 @@ def soak_worker(spec: Json) -> Json:
     from fmesh.device_mesh import init_device_mesh
 
     _faults(spec, "soak")
-    torch_ref.init_gloo_worker(spec)
+    torch_ref.init_gloo(spec)
     before = _usage()
     mesh = fmesh.make_mesh({"dp": 2, "tp": 2})
     timeout = datetime.timedelta(seconds=60)
@@ -162,7 +162,7 @@ def titan_worker(spec: Json) -> Json:
     faulthandler.enable()
     torch.set_num_threads(1)  # torchrun's OMP_NUM_THREADS=1
     t0 = time.monotonic()
-    torch_ref.init_gloo_worker(spec)
+    torch_ref.init_gloo(spec)
     names = "config distributed.parallel_dims distributed.utils models.llama3"
     names += " models.llama3.sharding models.common.attention"
     tt: dict[str, Any] = {m: importlib.import_module(f"torchtitan.{m}") for m in names.split()}

@@ -1,53 +1,200 @@
-"""Store load: what creating calls cost one TCPStore server, at thousands of ranks.
+"""Store load: what creating calls cost one TCPStore server, at thousands of ranks
+(``docs/design/store-load.md`` explains the phases and the rows).
 
-One real ``TCPStore`` server, alone in its process, reports its CPU time
-(``time.process_time()``: every thread, the store's event loop included) when asked.
-N simulated ranks are real client connections: a few *crowd* processes, each with one
-thread and one ``TCPStore`` client per simulated rank, and one more crowd that holds a
-single rank, the *victim*, whose process is SIGKILLed in the last phase. Every client
-counts its requests as they go on the wire (:class:`bench.counting.CountingStore`).
-
-Each rank is in one group of ``group`` ranks; :mod:`bench.store_ranks` makes its
-calls. A phase is ``calls`` creating calls on every rank:
-
-* ``fmesh``: fmesh's real agreement and peer watch (``store_ranks.fmesh_call``, the
-  adapter), with the group's creation replaced by the store requests its backend's
-  rendezvous sends, then a wait of ``hold_s`` in the store fmesh gives the creation;
-* ``torch``: the same rendezvous requests on a connection of its own, then a sleep (torch's
-  creation waits in one blocked request). gloo: every member sets its address, then
-  waits for and reads every member's, itself included (what ``ProcessGroupGloo``'s
-  ``connectFullMesh`` sends, counted at a real group); NCCL (eager): group rank 0 sets
-  the unique id, the others read it (``broadcastUniqueNCCLID``);
-* ``barrier``: torch's own ``_store_based_barrier`` over the whole world, what each
-  ``new_group`` call runs with ``TORCH_DIST_INIT_BARRIER=1`` (off by default);
-* ``find`` (fmesh, once, last): every rank waits in its creation; once all are in, the
-  requests and the server's CPU are read over ``steady_s``, then the victim's process
-  is SIGKILLed, and the time until every survivor raised ``PeerLostError`` is taken.
+One real ``TCPStore`` server, alone in its process, reports its CPU time (every
+thread) when asked. N simulated ranks are real client connections: a few *crowd*
+processes, each with one thread and two clients (fmesh's, torch's) per simulated rank,
+and one more crowd holding the *victim*, whose process is SIGKILLed in the last phase.
+Every client counts its requests as they go on the wire. A phase is ``calls`` creating
+calls on every rank, each in one group of ``group`` ranks: fmesh's real agreement and
+peer watch around the requests its backend's rendezvous sends (``fmesh``), the same
+requests alone (``torch``), torch's opt-in ``_store_based_barrier`` (``barrier``), and
+last every rank waiting while the victim is killed (``find``).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
+import datetime
 import os
 import resource
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import torch_ref
-from .counting import delta
-from .launch import Service, reply, serve
-from .shared import Json, Row, median, world_str
-from .store_ranks import TIMEOUT, OwnClient, run_rank, setup_process
+from .counting import CountingStore, delta
+from .launch import Started, reply, start
+from .shared import Json, median
 
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
+
+TIMEOUT = datetime.timedelta(seconds=300)
+CODE = 0x5EED
+"""The call code every simulated rank agrees on."""
 PER_CROWD = 64
 """Simulated ranks per crowd process: more threads per process contend for its GIL."""
-EXTRAPOLATE = (2**17, 2**20)
-IMPLS = ("fmesh", "torch")
-CPU_CALL = "a creating call (gloo): server CPU per call (all ranks)"
+SIZES = {"full": (1024, 2048), "quick": (256, 1024), "smoke": (16,)}
+"""Simulated ranks per mode. At 4,096 ranks the crowds' threads on 2 shared CPUs (load
+average over 1,000) leave sentinels' beats unread for 10 s, and live ranks are declared
+lost (silence): ``(1024, 2048, 4096)`` needs more cores."""
+OPTIONS = {"group": 8, "hold_s": 0.5, "barriers": 2, "steady_s": 3.0, "timeout_s": None}
+"""Ranks per group, the wait that stands for a creation, barriers measured per phase,
+seconds the waiting load is read over, and the watch's timeout (``None``: defaults)."""
+PHASES = ("fmesh-gloo", "torch-gloo", "fmesh-nccl", "torch-nccl", "barrier")
+
+
+# == The adapter: the only code here that knows how fmesh agrees and watches peers
+# during a creating call (``create_groups`` in fmesh/_runtime/creation.py, and
+# ``groups.create``'s error path). When the watch changes, re-point these two functions.
+
+
+def setup_process(ranks: list[int]) -> None:
+    """Once per crowd process: its sentinel, shared by its simulated ranks as by threads
+    of one process (one per simulated rank would measure process scheduling, not the
+    store); the victim is alone in its crowd, so killing it ends its sentinel too."""
+    from fmesh._protocol import sentinel
+
+    if ranks:
+        _ = sentinel.mine().address  # waits for its port
+
+
+_prepared: set[int] = set()
+"""Simulated ranks whose sentinel address is published (once per rank, as a real rank
+publishes once per process)."""
+
+
+def fmesh_call(
+    store: Store,
+    rank: int,
+    world: int,
+    prefix: str,
+    backend: str,
+    create: Callable[[Store], None],
+    timeout: datetime.timedelta | None,
+) -> None:
+    """One creating call of ``rank`` as realize makes it: publish the sentinel's
+    address, agree with a closing barrier, start the watch, ``create`` in the store
+    fmesh gives a creation on ``backend``, the closing barrier; raises the call's error."""
+    from fmesh._core.errors import PeerLostError
+    from fmesh._protocol import agreement, liveness
+
+    if rank not in _prepared:
+        liveness.prepare(store, rank)
+        _prepared.add(rank)
+    ticket = agreement.agree(
+        store,
+        rank=rank,
+        ranks=range(world),
+        code=CODE,
+        record=lambda: agreement.Record(rank, CODE, "the store-load benchmark", ""),
+        timeout=TIMEOUT,
+        prefix=f"{agreement.KEY_ROOT}{prefix}",
+        where="a store-load call",
+        closing=True,
+    )
+    liveness.after_agreement(ticket)
+    watch = liveness.start(ticket, timeout)
+    try:
+        with liveness.active(watch):
+            try:
+                create(liveness.store_for_creation(store, backend))
+            except Exception as err:
+                found = None if watch is None else watch.error("creating a group", err)
+                if found is None:
+                    raise
+                raise found from err
+            if watch is not None:
+                watch.finish(2 * TIMEOUT)
+    except BaseException as err:
+        if watch is not None:
+            if not isinstance(err, PeerLostError):
+                watch.fail(err)
+            watch.close()
+        raise
+    if watch is not None:
+        watch.close()
+
+
+# == end of the adapter ====================================================================
+
+
+def rendezvous(store: Any, backend: str, prefix: str, members: list[int], rank: int) -> None:
+    """The store requests a group's creation sends on ``rank`` (see the module doc)."""
+    me = members.index(rank)
+    if backend == "nccl":
+        if me == 0:
+            store.set(prefix + "0", b"u" * 128)
+        else:
+            store.get(prefix + "0")
+        return
+    store.set(prefix + str(me), b"a" * 64)
+    for i in range(len(members)):
+        store.wait([prefix + str(i)])
+        store.get(prefix + str(i))
+
+
+class OwnClient(CountingStore):
+    """One simulated rank's client: never cloned (a clone would connect anew)."""
+
+    def clone(self) -> CountingStore:
+        return self
+
+
+def one_call(phase: str, client: OwnClient, r: int, tag: str, spec: Json) -> None:
+    """One creating call of simulated rank ``r`` in ``phase`` (see the module doc)."""
+    world, group = spec["world"], spec["group"]
+    first = r - r % group
+    members = list(range(first, min(first + group, world)))
+    prefix = f"bench/{tag}/g{first}/cpu/0/"
+    if phase == "barrier":
+        for b in range(spec["barriers"]):
+            torch_ref.store_based_barrier(r, client, f"bench/{tag}/{b}", world, TIMEOUT)
+        return
+    impl, _, backend = phase.partition("-")
+    hold = spec["hold_s"] if impl != "find" else TIMEOUT.total_seconds() / 2
+    if impl == "torch":
+        rendezvous(client, backend, prefix, members, r)
+        time.sleep(hold)
+        return
+
+    def create(store: Store) -> None:
+        import torch.distributed as dist
+
+        rendezvous(store, backend, prefix, members, r)
+        if impl == "find":
+            client.inner.add(f"bench/{tag}/in", 1)  # uncounted: the bench's own
+        with contextlib.suppress(dist.DistStoreError):  # the end of the hold
+            store.wait([prefix + "never"], datetime.timedelta(seconds=hold))
+
+    timeout = spec["timeout_s"] and datetime.timedelta(seconds=spec["timeout_s"])
+    fmesh_call(client, r, world, tag + "/", backend or "gloo", create, timeout)
+
+
+def run_rank(
+    out: dict[int, Json], r: int, pair: tuple[OwnClient, ...], request: Any, spec: Json
+) -> None:
+    """Simulated rank ``r``'s part of a phase (on its fmesh or its torch connection):
+    its calls, or the error that ended them."""
+    phase, tag, calls = request
+    client = pair[phase.startswith(("torch", "barrier"))]
+    start_s = time.monotonic()
+    try:
+        for call in range(calls):
+            one_call(phase, client, r, f"{tag}/{call}", spec)
+        out[r] = {"seconds": time.monotonic() - start_s}
+    except Exception as err:
+        out[r] = {"error": type(err).__name__, "at": time.monotonic()}
+        out[r]["lost"] = list(getattr(err, "lost", ()))
+        if phase != "find":
+            out[r]["trace"] = traceback.format_exc()
+
+
+# -- processes ------------------------------------------------------------------------------
 
 
 def _prepare_process() -> None:
@@ -62,7 +209,7 @@ def _prepare_process() -> None:
 def serve_store(spec: Json, conn: Connection) -> None:
     """The server: its port, then answers (CPU time, keys under a tag, a counter)."""
     _prepare_process()
-    store = torch_ref.host_store(spec["world"], TIMEOUT)
+    store = torch_ref.tcp_store(0, spec["world"], TIMEOUT, master=True)
     reply(conn, store.port)
     while (request := conn.recv()) is not None:
         if request[0] == "cpu":
@@ -73,39 +220,33 @@ def serve_store(spec: Json, conn: Connection) -> None:
             reply(conn, store.add(request[1], 0))
 
 
-def _counts(pair: tuple[OwnClient, ...]) -> dict[str, int]:
-    """Requests by kind of a rank's connections."""
-    return dict(sum((collections.Counter(c.snapshot()) for c in pair), collections.Counter()))
-
-
 def serve_crowd(spec: Json, conn: Connection) -> None:
-    """Simulated ranks ``spec["ranks"]``, one client each; a request ``(phase, tag)``
-    runs the phase on one thread per rank and answers each rank's requests by kind,
-    its errors and when they came; ``("snapshot",)`` meanwhile: the requests so far."""
+    """Simulated ranks ``spec["ranks"]``, two clients each (a client whose wait timed
+    out, the watch's sliced waits, can return early from a later one: torch's side
+    must not inherit that); a request ``(phase, tag, calls)`` runs the phase on one
+    thread per rank and answers each rank's requests by kind, its errors and when they
+    came; ``("snapshot",)`` meanwhile: the requests so far."""
     _prepare_process()
     threading.stack_size(512 * 1024)
-    ranks = spec["ranks"]
-    # Two connections per rank, fmesh's and torch's: a client whose wait timed out (the
-    # watch's sliced waits) can return early from a later one (see wait_get in
-    # fmesh/_protocol/records.py); torch's side must not inherit that.
-    clients = {
-        r: tuple(OwnClient(torch_ref.tcp_store(spec["port"], None, TIMEOUT)) for _ in "ft")
-        for r in ranks
-    }
-    setup_process(ranks)
+    clients = {}
+    for r in spec["ranks"]:  # torch's client shares the fmesh client's counter
+        own = OwnClient(torch_ref.tcp_store(spec["port"], None, TIMEOUT))
+        clients[r] = (own, OwnClient(torch_ref.tcp_store(spec["port"], None, TIMEOUT), own))
+    setup_process(spec["ranks"])
     reply(conn, len(clients))
+
+    def total() -> int:
+        return sum(sum(pair[0].snapshot().values()) for pair in clients.values())
+
     while (request := conn.recv()) is not None:
         if request == ("snapshot",):  # the phase ended already (every rank raised)
-            reply(conn, sum(sum(_counts(pair).values()) for pair in clients.values()))
+            reply(conn, total())
             continue
-        before = {r: _counts(pair) for r, pair in clients.items()}
+        before = {r: pair[0].snapshot() for r, pair in clients.items()}
         out: dict[int, Json] = {}
-
         threads = [
-            threading.Thread(
-                target=run_rank, args=(out, r, clients[r], request, spec), daemon=True
-            )
-            for r in ranks
+            threading.Thread(target=run_rank, args=(out, r, pair, request, spec), daemon=True)
+            for r, pair in clients.items()
         ]
         for t in threads:
             t.start()
@@ -115,71 +256,59 @@ def serve_crowd(spec: Json, conn: Connection) -> None:
                     conn.recv()  # ("snapshot",)
                 except EOFError:  # the bench is gone: so is this crowd
                     os._exit(1)
-                reply(conn, sum(sum(_counts(pair).values()) for pair in clients.values()))
+                reply(conn, total())
         for r, pair in clients.items():
-            out[r]["kinds"] = delta(_counts(pair), before[r])
+            out[r]["kinds"] = delta(pair[0].snapshot(), before[r])
         reply(conn, out)
 
 
-# -- one size ---------------------------------------------------------------------------
-
-PHASES = ("fmesh-gloo", "torch-gloo", "fmesh-nccl", "torch-nccl", "barrier")
-
-
 @contextlib.contextmanager
-def crowds(world: int, spec: Json) -> Iterator[tuple[Service, list[Service], Service]]:
+def crowds(world: int, spec: Json) -> Iterator[tuple[Started, list[Started], Started]]:
     """The server, the crowds, the victim's crowd (the middle rank), all connected."""
-    services: list[Service] = []
+    services: list[Started] = []
     try:
-        server = serve(serve_store, {"world": world})
-        services.append(server)
+        services.append(server := start(serve_store, {"world": world}, serve=True))
         port = server.receive(60)
         victim = world // 2 + 1
         rest = [r for r in range(world) if r != victim]
         n = -(-len(rest) // PER_CROWD)
         blocks = [rest[i * len(rest) // n : (i + 1) * len(rest) // n] for i in range(n)]
         for block in [*blocks, [victim]]:
-            services.append(
-                serve(serve_crowd, {**spec, "port": port, "world": world, "ranks": block})
-            )
+            crowd = {**spec, "port": port, "world": world, "ranks": block}
+            services.append(start(serve_crowd, crowd, serve=True))
         for s in services[1:]:
             s.receive(600)
         yield server, services[1:-1], services[-1]
     finally:
         for s in services:
-            s.close()
+            s.stop()
 
 
-def _phase(server: Service, crowd: list[Service], phase: str, tag: str, calls: int) -> Json:
+def _phase(server: Started, crowd: list[Started], phase: str, tag: str, calls: int) -> Json:
     """Run one phase on every crowd: each rank's answer, the server's CPU, the time."""
-    cpu0, start = server.ask(("cpu",), 60), time.monotonic()
+    cpu0, start_s = server.ask(("cpu",), 60), time.monotonic()
     for c in crowd:
         c.conn.send((phase, tag, calls))
     ranks = {r: v for c in crowd for r, v in c.receive(900).items()}
-    seconds = time.monotonic() - start
+    seconds = time.monotonic() - start_s
     failed = [v["trace"] for v in ranks.values() if "trace" in v]
     if failed:
         raise RuntimeError(
             f"{len(failed)} simulated ranks failed in {phase}; the first:\n{failed[0]}"
         )
-    return {
-        "ranks": ranks,
-        "cpu": server.ask(("cpu",), 60) - cpu0,
-        "seconds": seconds,
-        "keys": server.ask(("keys", tag), 60),
-    }
+    cpu, keys = server.ask(("cpu",), 60) - cpu0, server.ask(("keys", tag), 60)
+    return {"ranks": ranks, "cpu": cpu, "seconds": seconds, "keys": keys}
 
 
 def _find(
-    server: Service, crowd: list[Service], victim: Service, world: int, steady_s: float
+    server: Started, crowd: list[Started], victim: Started, world: int, steady_s: float
 ) -> Json:
     """Every rank waits in its creation; the load over ``steady_s``; then the victim's
     process is killed, and each survivor's error and when it came."""
-    tag = "find"
     for c in [*crowd, victim]:
-        c.conn.send(("find", tag, 1))
+        c.conn.send(("find", "find", 1))
     deadline = time.monotonic() + 600
-    while server.ask(("count", f"bench/{tag}/0/in"), 60) < world:
+    while server.ask(("count", "bench/find/0/in"), 60) < world:
         if time.monotonic() > deadline:
             raise RuntimeError("the ranks never all entered their creation")
         time.sleep(0.05)
@@ -194,25 +323,29 @@ def _find(
     killed = time.monotonic()
     victim.proc.kill()  # a process this bench started
     ranks = {r: v for c in crowd for r, v in c.receive(900).items()}
+    errors = [v for v in ranks.values() if "error" in v]
+    lost_named = [
+        v for v in errors if v["error"] == "PeerLostError" and v["lost"] == [world // 2 + 1]
+    ]
+    after = [v["at"] - killed for v in errors if v["at"] >= killed]
     return {
-        "ranks": ranks,
-        "steady_rate": (n1 - n0) / (t1 - t0),
-        "steady_cpu": (cpu1 - cpu0) / (t1 - t0),
-        "killed": killed,
+        "find_s": max(after) if after else None,  # None: every error came before the kill
+        "find_median_s": median(after) if after else None,
+        "early": len(errors) - len(after),
+        "survivors": len(ranks),
+        "peer_lost": len(lost_named),
+        "watch_rank": (n1 - n0) / (t1 - t0) / world,
+        "watch_rate": (n1 - n0) / (t1 - t0),
+        "watch_cpu": (cpu1 - cpu0) / (t1 - t0),
     }
-
-
-OPTIONS = {"group": 8, "hold_s": 0.5, "barriers": 2, "steady_s": 3.0, "timeout_s": None}
-"""Ranks per group, the wait that stands for a creation, barriers measured per phase,
-seconds the waiting load is read over, and the watch's timeout (``None``: defaults)."""
 
 
 def measure(
     world: int, repeats: int, calls: int, **options: Any
 ) -> dict[str, list[list[Json]]]:
     """Every phase at ``world`` simulated ranks, ``repeats`` times (after a warm-up of
-    each), then ``find``: per library, one result per repeat, the figures of
-    :data:`METRICS` (:data:`OPTIONS` as given)."""
+    each), then ``find``: per library, one result per repeat (:data:`OPTIONS` as
+    given)."""
     spec = {**OPTIONS, **options, "calls": calls}
     out: dict[str, list[list[Json]]] = {"fmesh": [], "torch": []}
     with crowds(world, spec) as (server, crowd, victim):
@@ -221,10 +354,9 @@ def measure(
             _phase(server, every, phase, f"warm-{phase}", 1)
         for repeat in range(repeats):
             got = {p: _phase(server, every, p, f"{p}-{repeat}", calls) for p in PHASES}
-            out["fmesh"].append([_figures(got, "fmesh", world, spec)])
-            out["torch"].append([_figures(got, "torch", world, spec)])
-        found = _find(server, crowd, victim, world, spec["steady_s"])
-    out["fmesh"][0][0].update(_found(found, world))
+            for impl in out:
+                out[impl].append([_figures(got, impl, world, spec)])
+        out["fmesh"][0][0].update(_find(server, crowd, victim, world, spec["steady_s"]))
     return out
 
 
@@ -236,19 +368,16 @@ def _per_rank(phase: Json, which: Callable[[str], bool] = lambda k: True) -> flo
 def _figures(got: dict[str, Json], impl: str, world: int, spec: Json) -> Json:
     calls = spec["calls"]
     gloo, nccl = got[f"{impl}-gloo"], got[f"{impl}-nccl"]
+    # fmt: off
     figures = {
-        "requests": _per_rank(gloo) / calls,
-        "nccl": _per_rank(nccl) / calls,
-        "cpu_rank": gloo["cpu"] / calls / world,
-        "cpu_call": gloo["cpu"] / calls,
-        "seconds": gloo["seconds"] / calls,
-        "rate": _per_rank(gloo) * world / gloo["seconds"],
-        "keys_left": gloo["keys"] / calls,
-        "group": str(spec["group"]),
-        "barriers": str(spec["barriers"]),
-        "hold": f"{spec['hold_s']:g} s",
+        "requests": _per_rank(gloo) / calls, "nccl": _per_rank(nccl) / calls,
+        "cpu_rank": gloo["cpu"] / calls / world, "cpu_call": gloo["cpu"] / calls,
+        "seconds": gloo["seconds"] / calls, "rate": _per_rank(gloo) * world / gloo["seconds"],
+        "keys_left": gloo["keys"] / calls, "group": str(spec["group"]),
+        "barriers": str(spec["barriers"]), "hold": f"{spec['hold_s']:g} s",
         "per_crowd": str(PER_CROWD),
     }
+    # fmt: on
     if impl == "fmesh":
         figures["own"] = _per_rank(gloo, lambda k: k in ("agree", "watch")) / calls
     else:  # one barrier per new_group call: world / group calls for these groups
@@ -256,73 +385,3 @@ def _figures(got: dict[str, Json], impl: str, world: int, spec: Json) -> Json:
         figures["barrier"] = per_barrier * world / spec["group"]
         figures["per_barrier"] = per_barrier
     return figures
-
-
-def _found(found: Json, world: int) -> Json:
-    errors = [v for v in found["ranks"].values() if "error" in v]
-    victim = [world // 2 + 1]  # see crowds()
-    lost_named = [v for v in errors if v["error"] == "PeerLostError" and v["lost"] == victim]
-    after = [v["at"] - found["killed"] for v in errors if v["at"] >= found["killed"]]
-    return {
-        "find_s": max(after) if after else None,  # None: every error came before the kill
-        "find_median_s": median(after) if after else None,
-        "early": len(errors) - len(after),
-        "survivors": len(found["ranks"]),
-        "peer_lost": len(lost_named),
-        "watch_rank": found["steady_rate"] / world,
-        "watch_rate": found["steady_rate"],
-        "watch_cpu": found["steady_cpu"],
-    }
-
-
-# -- rows -------------------------------------------------------------------------------
-
-
-def extrapolate(rows: list[Row]) -> list[Row]:
-    """The server's load at 2^17 and 2^20 ranks (same group size), not measured: the
-    waiting ranks' rate as N times the highest rate per rank measured (where the crowds
-    kept up best), scaled by the watch's interval there over its interval at N (the
-    interval grows with the world: ``watch.settings``); a call's CPU (all ranks) along
-    the least-squares line through the measured sizes."""
-    from fmesh._protocol.watch import settings
-
-    rate = [r for r in rows if r.key == "store.watch.per_rank" and r.fmesh is not None]
-    cpu = [r for r in rows if r.key == "store.call.cpu_per_rank" and r.fmesh is not None]
-    if not (rate and cpu):
-        return []
-    last = max(rate, key=lambda r: r.fmesh or 0.0)
-    label = last.bench.replace("per rank per second", "per second")
-    sizes = ", ".join(str(r.ranks) for r in cpu)
-
-    def interval(n: int) -> float:
-        return settings(n, None)[0]
-
-    out = []
-    for n in EXTRAPOLATE:
-        fm, th = (
-            _fit([(r.ranks, (getattr(r, s) or 0.0) * r.ranks) for r in cpu], n) for s in IMPLS
-        )
-        w = world_str(n)
-        # fmt: off
-        out += [
-            Row("store.watch.server_extrapolated", last.section, label, w, n, "/s",
-                (last.fmesh or 0.0) * n * interval(last.ranks) / interval(n), None,
-                skipped=last.skipped, every_size=True,
-                note=f"extrapolated (N x the rate per rank at {last.world} x I({last.world})"
-                " / I(N), the watch's interval I), not measured"),
-            Row("store.call.cpu_per_call_extrapolated", last.section, CPU_CALL, w, n, "s", fm,
-                th, note=f"extrapolated (straight line from N={sizes}), not measured",
-                every_size=True),
-        ]
-        # fmt: on
-    return sorted(out, key=lambda r: r.key, reverse=True)
-
-
-def _fit(points: list[tuple[int, float]], x: int) -> float:
-    """The least-squares line through ``points`` at ``x`` (through the origin for one)."""
-    if len(points) == 1:
-        return points[0][1] * x / points[0][0]
-    mx = sum(p for p, _ in points) / len(points)
-    my = sum(q for _, q in points) / len(points)
-    slope = sum((p - mx) * (q - my) for p, q in points) / sum((p - mx) ** 2 for p, _ in points)
-    return my + slope * (x - mx)

@@ -1,20 +1,22 @@
-"""torch's side of every comparison: the one bench module that uses private torch names.
+"""torch's side of every comparison, and the worlds both sides run in: the one bench
+module that uses private torch names.
 
-The baselines are what torch users write today (``init_device_mesh``, and the
-private ``_flatten`` / ``_unflatten`` that torchtitan calls), plus counters read from
-c10d's process-global registry. Keeping them here means a torch release that moves
-one of these names breaks one file.
+The baselines are what torch users write today (``init_device_mesh``, and the private
+``_flatten`` / ``_unflatten`` that torchtitan calls), plus counters read from c10d's
+process-global registry. Keeping them here means a torch release that moves one of
+these names breaks one file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import math
+import gc
+import os
+import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-
-from .shared import EXPERT_NAMES, FLATTENS, NAMES, TRAINER_FLATTENS, expert_shape
+from unittest import mock
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore
@@ -28,6 +30,8 @@ PRELOAD = (
     "torch.testing._internal.distributed.fake_pg",
 )
 """Modules a measurement process should find already imported."""
+WARM_UP = 64
+"""The world a fake-world worker warms up on before building its measured one."""
 
 
 def init_fake(world: int) -> None:
@@ -38,22 +42,65 @@ def init_fake(world: int) -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
 
 
-def teardown() -> None:
-    """Destroy fmesh's groups and the default group (between a warm-up and a run)."""
+def fake_world(
+    world: int, warm_up: Callable[[int], object] | None = None, freeze: bool = False
+) -> None:
+    """Rank 0 of a fake world of ``world`` ranks, after ``warm_up(WARM_UP)`` on a small
+    one, torn down (neither library's one-time costs, first-use imports and code run
+    for the first time, are timed); with ``freeze``, what exists then is moved out of
+    the collector's reach (a full collection would otherwise copy the fork server's
+    heap)."""
     import torch.distributed as dist
 
     import fmesh
 
-    fmesh.destroy()
-    dist.destroy_process_group()
+    preload_lazy_imports()
+    if warm_up is not None:
+        init_fake(WARM_UP)
+        warm_up(WARM_UP)
+        fmesh.destroy()
+        dist.destroy_process_group()
+    init_fake(world)
+    if freeze:
+        gc.collect()
+        gc.freeze()
+
+
+def init_gloo(
+    spec: Mapping[str, Any], wrap: Callable[[TCPStore], Any] | None = None, **timeouts: float
+) -> Any:
+    """A gloo worker's default group on the job's store (``spec["port"]``,
+    ``spec["timeout_s"]``, or ``timeouts``' ``store_s`` and ``group_s``), as this
+    process's torchrun rank, through ``wrap(store)`` where given; torch's lazy imports
+    done. Returns the store given to the group."""
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    default = float(spec.get("timeout_s", 60.0))
+    store_s, group_s = (timeouts.get(k, default) for k in ("store_s", "group_s"))
+    raw = tcp_store(int(spec["port"]), world, datetime.timedelta(seconds=store_s))
+    store = raw if wrap is None else wrap(raw)
+    timeout = datetime.timedelta(seconds=group_s)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    preload_lazy_imports()
+    return store
+
+
+def tcp_store(
+    port: int, world: int | None, timeout: datetime.timedelta, master: bool = False
+) -> TCPStore:
+    """A TCPStore on localhost: the server (``master``; port 0: the OS picks one),
+    listening before any rank starts, or a client (``world`` None: a plain client,
+    which sends nothing when it connects)."""
+    from torch._C._distributed_c10d import TCPStore
+
+    wait = {} if world is not None and not master else {"wait_for_workers": False}
+    return TCPStore("127.0.0.1", port, world, is_master=master, timeout=timeout, **wait)
 
 
 def preload_lazy_imports() -> None:
-    """Import what torch's mesh code and fmesh's realize import on first use.
-
-    A worker measures one cold call; these imports are one-time program costs, not
-    part of building a mesh.
-    """
+    """Import what torch's mesh code and fmesh's realize import on first use: one-time
+    program costs, not part of building a mesh."""
     import torch.distributed.device_mesh
     import torch.fx.experimental.proxy_tensor  # noqa: F401
 
@@ -62,15 +109,34 @@ def preload_lazy_imports() -> None:
     fmesh.cache_stats()  # imports fmesh's torch-facing module
 
 
+# -- torch's meshes -----------------------------------------------------------------------
+
+
+def init_mesh(shape: Sequence[int], names: Sequence[str]) -> DeviceMesh:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", tuple(shape), mesh_dim_names=tuple(names))
+
+
+def unflatten(dm: DeviceMesh, sizes: Sequence[int], names: Sequence[str]) -> DeviceMesh:
+    return dm._unflatten(0, tuple(sizes), tuple(names))
+
+
+OPS = types.SimpleNamespace(
+    mesh=init_mesh,
+    unflatten=unflatten,
+    done=list,
+    flatten=lambda dm, axes, name: dm[axes]._flatten(name),
+)
+"""The steps of a recipe (:mod:`bench.work`) with torch: each creates its groups."""
+
+
 def mesh_without_groups(
     world: int, shape: tuple[int, ...], names: tuple[str, ...]
 ) -> DeviceMesh:
-    """torch's DeviceMesh over ranks 0..world-1 with no process groups.
-
-    This is what ``init_device_mesh`` builds before it creates groups (private
-    constructor arguments, as ``init_device_mesh`` itself uses them; torch before
-    2.13 has no ``from_sizes_strides`` and gets the rank tensor instead).
-    """
+    """torch's DeviceMesh over ranks 0..world-1 with no process groups: what
+    ``init_device_mesh`` builds before it creates groups (private constructor
+    arguments, as it uses them; torch before 2.13 takes the rank tensor instead)."""
     import torch
     from torch.distributed._mesh_layout import _MeshLayout
     from torch.distributed.device_mesh import DeviceMesh
@@ -87,30 +153,6 @@ def mesh_without_groups(
     )
 
 
-def init_mesh(shape: Sequence[int], names: Sequence[str]) -> DeviceMesh:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", tuple(shape), mesh_dim_names=tuple(names))
-
-
-def flatten(dm: DeviceMesh, axes: tuple[str, ...], name: str) -> DeviceMesh:
-    return dm[axes]._flatten(name)
-
-
-def unflatten(
-    dm: DeviceMesh,
-    sizes: Sequence[int],
-    names: Sequence[str],
-    backend_override: Mapping[str, str] | None = None,
-) -> DeviceMesh:
-    """``dm._unflatten(0, ...)``; ``backend_override`` is passed on when given (as
-    torchtitan passes it, possibly empty)."""
-    if backend_override is None:
-        return dm._unflatten(0, tuple(sizes), tuple(names))
-    override: dict[str, Any] = dict(backend_override)
-    return dm._unflatten(0, tuple(sizes), tuple(names), backend_override=override)
-
-
 def clear_flattens(dm: DeviceMesh) -> None:
     """Forget the root mesh's flattens (torch's slicing scans them)."""
     dm._flatten_mapping.clear()
@@ -121,42 +163,16 @@ def coordinate_uncached(dm: DeviceMesh) -> object:
     return dm._compute_coordinate_on_dim()
 
 
-def trainer5(shape: Sequence[int]) -> object:
-    """``init_device_mesh`` of the 5-d mesh plus its three flattens."""
-    dm = init_mesh(shape, NAMES)
-    return dm, [flatten(dm, axes, name) for axes, name in FLATTENS]
-
-
-def titan(shape: Sequence[int]) -> object:
-    """torchtitan's ParallelDims recipe: a 1-d world mesh unflattened into the dense
-    and expert views, and the three flattens of the dense view."""
-    world_mesh = init_mesh((math.prod(shape),), ("world",))
-    dense = unflatten(world_mesh, shape, NAMES)
-    expert = unflatten(world_mesh, expert_shape(shape), EXPERT_NAMES)
-    flats = [flatten(dense, axes, name) for axes, name in TRAINER_FLATTENS]
-    return world_mesh, dense, expert, flats
-
-
-def world_1d(shape: Sequence[int]) -> object:
-    """A 1-d mesh over the whole world (torch reuses the default group for it)."""
-    return init_mesh((math.prod(shape),), ("world",))
-
-
 def sub_mesh_exprs(dm: DeviceMesh, names: Sequence[str]) -> list[Callable[[], object]]:
     """torch's expressions for the sub-meshes of a 3-d mesh that a trainer asks for
     again and again: each axis, both adjacent pairs, and the flattens of the pairs and
     of all three (after its first call, ``_flatten`` returns the mesh it cached)."""
     a, b, c = names
-    return [
-        lambda: dm[a],
-        lambda: dm[b],
-        lambda: dm[c],
-        lambda: dm[a, b],
-        lambda: dm[b, c],
-        lambda: dm[a, b]._flatten(f"{a}_{b}"),
-        lambda: dm[b, c]._flatten(f"{b}_{c}"),
-        lambda: dm._flatten(f"{a}_{b}_{c}"),
-    ]
+    # fmt: off
+    return [lambda: dm[a], lambda: dm[b], lambda: dm[c], lambda: dm[a, b], lambda: dm[b, c],
+            lambda: dm[a, b]._flatten(f"{a}_{b}"), lambda: dm[b, c]._flatten(f"{b}_{c}"),
+            lambda: dm._flatten(f"{a}_{b}_{c}")]
+    # fmt: on
 
 
 def store_based_barrier(
@@ -172,11 +188,12 @@ def store_based_barrier(
     c10d._store_based_barrier(rank, typed, group_name, count, timeout)
 
 
-def group_counters() -> tuple[int, int]:
-    """(groups registered in this process, ``new_group`` calls so far).
+# -- counters -----------------------------------------------------------------------------
 
-    torch counts every ``new_group`` call, members or not, in ``group_count``.
-    """
+
+def group_counters() -> tuple[int, int]:
+    """(groups registered in this process, ``new_group`` calls so far): torch counts
+    every ``new_group`` call, members or not, in ``group_count``."""
     from torch.distributed import distributed_c10d as c10d
 
     return len(c10d._world.pg_names), c10d._world.group_count
@@ -197,15 +214,7 @@ def counting_group_creation() -> Iterator[dict[str, int]]:
     from torch.distributed import distributed_c10d as c10d
 
     counts = {"new_group": 0, "groups": 0, "non_member": 0}
-    saved: list[tuple[object, str, object]] = []
-
-    def patch(owner: object, name: str, wrapper: Callable[..., Any]) -> None:
-        if hasattr(owner, name):
-            saved.append((owner, name, getattr(owner, name)))
-            setattr(owner, name, wrapper)
-
-    real_new_group = c10d.new_group
-    real_helper = c10d._new_process_group_helper
+    real_new_group, real_helper = c10d.new_group, c10d._new_process_group_helper
 
     def new_group(*args: Any, **kwargs: Any) -> Any:
         counts["new_group"] += 1
@@ -217,55 +226,9 @@ def counting_group_creation() -> Iterator[dict[str, int]]:
         counts["groups" if isinstance(pg, dist.ProcessGroup) else "non_member"] += 1
         return result
 
-    for module in (dist, c10d, dm_mod):
-        if getattr(module, "new_group", None) is real_new_group:
-            patch(module, "new_group", new_group)
-    patch(c10d, "_new_process_group_helper", helper)
-    try:
+    with contextlib.ExitStack() as patched:
+        for module in (dist, c10d, dm_mod):
+            if getattr(module, "new_group", None) is real_new_group:
+                patched.enter_context(mock.patch.object(module, "new_group", new_group))
+        patched.enter_context(mock.patch.object(c10d, "_new_process_group_helper", helper))
         yield counts
-    finally:
-        for where, name, value in reversed(saved):
-            setattr(where, name, value)
-
-
-def tcp_store(
-    port: int, world: int | None, timeout: datetime.timedelta, master: bool = False
-) -> TCPStore:
-    """A TCPStore on localhost: the server (``master``; port 0: the OS picks one),
-    listening before any rank starts, or a client (``world`` None: a plain client,
-    which sends nothing when it connects)."""
-    from torch._C._distributed_c10d import TCPStore
-
-    wait = {} if world is not None and not master else {"wait_for_workers": False}
-    return TCPStore("127.0.0.1", port, world, is_master=master, timeout=timeout, **wait)
-
-
-def host_store(world: int, timeout: datetime.timedelta) -> TCPStore:
-    return tcp_store(0, world, timeout, master=True)
-
-
-def init_gloo_worker(
-    spec: Mapping[str, Any], wrap: Callable[[TCPStore], Any] | None = None, **timeouts: float
-) -> Any:
-    """A bench worker's default group: gloo on the job's store (``spec["port"]``,
-    ``spec["timeout_s"]``, or ``timeouts``' ``store_s`` and ``group_s``), as this
-    process's torchrun rank, through ``wrap(store)`` where given; torch's lazy imports
-    done. Returns the store given to the group."""
-    import os
-
-    import torch.distributed as dist
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    default = float(spec["timeout_s"]) if "timeout_s" in spec else 60.0
-    store_s, group_s = (timeouts.get(k, default) for k in ("store_s", "group_s"))
-    raw = tcp_store(int(spec["port"]), world, datetime.timedelta(seconds=store_s))
-    store = raw if wrap is None else wrap(raw)
-    dist.init_process_group(
-        "gloo",
-        store=store,
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=group_s),
-    )
-    preload_lazy_imports()
-    return store

@@ -149,7 +149,7 @@ def test_every_benchmark_at_every_size(smoke: dict[str, Any]) -> None:
         elif key.startswith("fake.hit"):
             assert seen == worlds, (key, seen)
         elif key.startswith(("titan.fake.", "titan.partial_dtensor.")):
-            assert seen == ({2**6} if key.endswith(".growth") else {2**4, 2**6}), (key, seen)
+            assert seen == ({2**6} if key.endswith("growth") else {2**4, 2**6}), (key, seen)
         elif key.startswith("titan.gloo."):
             assert seen == {4}, (key, seen)
         elif key.startswith("plan."):
@@ -284,6 +284,7 @@ def test_titan_rows_check_that_both_libraries_built_the_same_meshes(
     smoke: dict[str, Any],
 ) -> None:
     from bench.runners import same_meshes
+    from bench.shared import world_str
 
     for backend in ("fake", "partial_dtensor", "gloo"):
         for size in smoke["raw"][f"titan.{backend}"].values():
@@ -293,23 +294,28 @@ def test_titan_rows_check_that_both_libraries_built_the_same_meshes(
         if key.endswith((".new_group", ".groups")):
             assert row["torch"] > 0, row  # torch's recipe makes groups on every rank
     for backend in ("fake", "partial_dtensor"):  # the drop-in's growth, torch's beside it
-        grew = rows[f"titan.{backend}.growth", 2**6]
-        fm, th = (rows[f"titan.{backend}.seconds", n] for n in (2**4, 2**6))
-        assert math.isclose(grew["fmesh"], th["fmesh"] / fm["fmesh"]), grew
-        assert math.isclose(grew["torch"], th["torch"] / fm["torch"]), grew
+        for growth, read in (("growth", "seconds"), ("cpu_growth", "cpu")):
+            grew = rows[f"titan.{backend}.{growth}", 2**6]
+            lo, hi = (rows[f"titan.{backend}.{read}", n] for n in (2**4, 2**6))
+            assert math.isclose(grew["fmesh"], hi["fmesh"] / lo["fmesh"]), grew
+            assert math.isclose(grew["torch"], hi["torch"] / lo["torch"]), grew
+        # Each size in several fresh processes, torch's beside fmesh's in the same run.
+        for n in (2**4, 2**6):
+            runs = smoke["raw"][f"titan.{backend}"][world_str(n)]["runs"]
+            assert len(runs["fmesh"]) == len(runs["torch"]) == 2, runs
 
 
 _TITAN_SCRIPT = """
 import json, sys
 import torch.distributed as dist
 import fmesh
-from bench import titan, torch_ref, workloads
+from bench import titan, torch_ref, work
 out = {}
 for spmd in ("spmd_types", "partial_dtensor"):
     for impl in ("torch", "fmesh"):
         torch_ref.init_fake(64)
         with torch_ref.counting_group_creation() as counts:
-            meshes = titan.build_mesh(workloads.init_device_mesh_of(impl), 64, spmd)
+            meshes = titan.build_mesh(work.init_device_mesh_of(impl), 64, spmd)
         out[f"{spmd}/{impl}"] = {"meshes": titan.describe(meshes), "counts": dict(counts)}
         del meshes
         fmesh.destroy()
