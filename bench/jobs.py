@@ -120,9 +120,8 @@ def elastic(spec: Json) -> Json:
                 dist.all_reduce(x, group=realized.group(axis))
             step += 1
             if failed_at is not None:
-                return {
-                    "fmesh": {"rank": rank, "cost": time.monotonic() - failed_at - in_recover}
-                }
+                cost = time.monotonic() - failed_at - in_recover
+                return {"fmesh": {"rank": rank, "cost": cost}}
         except RuntimeError:
             failed_at = failed_at or time.monotonic()
             began = time.monotonic()
@@ -143,14 +142,9 @@ def plan(spec: Json) -> Json:
     (importing torch included): its wall time and the largest peak RSS it measured."""
     argv = ["plan", "--world", str(spec["world"]), "--rank", f"sample:{PLAN_RANKS}", "--json"]
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "fmesh", *argv, PLAN_TARGET],
-        cwd=Path(__file__).resolve().parent.parent,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "fmesh", *argv, PLAN_TARGET]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"fmesh plan failed ({proc.returncode}):\n{proc.stderr[-2000:]}")

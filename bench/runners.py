@@ -74,19 +74,12 @@ class Case:
         return list(zip(sizes, repeats, each(self.torch_repeats, repeats), strict=True))
 
     @property
-    def raw_key(self) -> str:
-        """Where the raw runs go: the common part of its metrics' keys."""
+    def raw_key(self) -> str:  # where the raw runs go: its metrics' common key
         return self.metrics[0].key.rpartition(".")[0]
 
 
 def ranks_of(size: Any) -> int:
     return size if isinstance(size, int) else math.prod(size)
-
-
-def label_of(size: Any) -> str:
-    return (
-        world_str(size) if isinstance(size, int) else f"{ranks_of(size)} ({shape_str(size)})"
-    )
 
 
 def run_jobs(b: Bench, case: Case, size: Any, repeats: int, torch_repeats: int) -> Json:
@@ -110,15 +103,6 @@ def run_jobs(b: Bench, case: Case, size: Any, repeats: int, torch_repeats: int) 
             for name in job[0]:
                 runs[name].append([{**r[name], "counted": count} for r in job])
     return {"runs": runs, "skipped": skipped}
-
-
-def run_store(b: Bench, case: Case, size: Any, repeats: int, _: int) -> Json:
-    from .store_load import measure
-
-    return {"runs": measure(size, repeats, **case.spec(b.mode, size)), "skipped": None}
-
-
-RUNNERS = {"fake": run_jobs, "gloo": run_jobs, "store": run_store}
 
 
 def _get(result: Json, read: str) -> Any:
@@ -174,9 +158,19 @@ def run_case(b: Bench, case: Case) -> None:
     raw: Json = {}
     rows: list[Row] = []
     for size, repeats, torch_repeats in case.plan(b.mode):
-        label = label_of(size)
+        label = (
+            world_str(size)
+            if isinstance(size, int)
+            else f"{ranks_of(size)} ({shape_str(size)})"
+        )
         b.log(f"{case.section}: {case.raw_key} at {label} ...")
-        got = raw[label] = RUNNERS[case.runner](b, case, size, repeats, torch_repeats)
+        if case.runner == "store":
+            from .store_load import measure
+
+            spec = case.spec(b.mode, size)
+            got = raw[label] = {"runs": measure(size, repeats, **spec), "skipped": None}
+        else:
+            got = raw[label] = run_jobs(b, case, size, repeats, torch_repeats)
         runs: Runs = got["runs"]
         same = same_meshes(runs)
         if same is False:
@@ -246,8 +240,7 @@ def extrapolate(rows: list[Row]) -> list[Row]:
 
 
 def _fit(points: list[tuple[int, float]], x: int) -> float:
-    """The least-squares line through ``points`` at ``x`` (through the origin for one)."""
-    if len(points) == 1:
+    if len(points) == 1:  # through the origin
         return points[0][1] * x / points[0][0]
     slope, intercept = statistics.linear_regression(*zip(*points, strict=True))
     return float(slope * x + intercept)

@@ -245,27 +245,19 @@ def _titan_job(spec: Json, limit_s: float) -> Json:
             if r in fates or not (rank.conn.poll(0) or not rank.proc.is_alive()):
                 continue
             try:
-                status, payload = rank.conn.recv()
-            except EOFError:
-                rank.proc.join(10)
-                code = rank.proc.exitcode or 0
-                died = f"killed by {signal.Signals(-code).name}" if code < 0 else ""
-                status, payload = "died", died or f"exit code {code}"
-            if status == "ok":
-                fates[r], results[r] = "ok", payload
+                fates[r], results[r] = "ok", rank.receive(0)
                 continue
-            lines = str(payload).strip().splitlines()
-            fates[r] = payload if status == "died" else f"error: {lines[-1][:300]}"
+            except launch.WorkerError as err:  # glibc's abort: "killed by SIGABRT"
+                code = rank.proc.exitcode or 0
+                last = f"error: {str(err).strip().splitlines()[-1][:300]}"
+                fates[r] = f"killed by {signal.Signals(-code).name}" if code < 0 else last
             dead.append((r, round(time.monotonic() - t0, 1)))
             deadline = min(deadline, time.monotonic() + GRACE_S)
         time.sleep(0.1)
+    late = "still running: killed" + (f" {GRACE_S:.0f} s after" if dead else "")
     for r, rank in enumerate(ranks):
-        if r not in fates:
-            fates[r] = "still running: killed" + (f" {GRACE_S:.0f} s after" if dead else "")
-        if rank.proc.is_alive():
-            rank.proc.kill()  # only the processes this soak started
-        rank.proc.join(10)
-        rank.conn.close()
+        fates.setdefault(r, late)
+        rank.stop(0)  # only the processes this soak started
     del store
     wall_s = round(time.monotonic() - t0, 1)
     folder = Path(str(spec["dir"]))

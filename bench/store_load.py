@@ -86,17 +86,15 @@ def fmesh_call(
     if rank not in _prepared:
         liveness.prepare(store, rank)
         _prepared.add(rank)
-    ticket = agreement.agree(
-        store,
-        rank=rank,
-        ranks=range(world),
-        code=CODE,
-        record=lambda: agreement.Record(rank, CODE, "the store-load benchmark", ""),
-        timeout=TIMEOUT,
-        prefix=f"{agreement.KEY_ROOT}{prefix}",
-        where="a store-load call",
-        closing=True,
-    )
+
+    def record() -> agreement.Record:
+        return agreement.Record(rank, CODE, "the store-load benchmark", "")
+
+    # fmt: off
+    ticket = agreement.agree(store, rank=rank, ranks=range(world), code=CODE, record=record,
+                             timeout=TIMEOUT, prefix=f"{agreement.KEY_ROOT}{prefix}",
+                             where="a store-load call", closing=True)
+    # fmt: on
     liveness.after_agreement(ticket)
     watch = liveness.start(ticket, timeout)
     try:
@@ -139,9 +137,7 @@ def rendezvous(store: Any, backend: str, prefix: str, members: list[int], rank: 
 
 
 class OwnClient(CountingStore):
-    """One simulated rank's client: never cloned (a clone would connect anew)."""
-
-    def clone(self) -> CountingStore:
+    def clone(self) -> CountingStore:  # never cloned: a clone would connect anew
         return self
 
 
@@ -287,7 +283,7 @@ def crowds(world: int, spec: Json) -> Iterator[tuple[Started, list[Started], Sta
 def _phase(server: Started, crowd: list[Started], phase: str, tag: str, calls: int) -> Json:
     """Run one phase on every crowd: each rank's answer, the server's CPU, the time."""
     cpu0, start_s = server.ask(("cpu",), 60), time.monotonic()
-    for c in crowd:
+    for c in crowd:  # every crowd at once
         c.conn.send((phase, tag, calls))
     ranks = {r: v for c in crowd for r, v in c.receive(900).items()}
     seconds = time.monotonic() - start_s

@@ -35,7 +35,7 @@ WARM_UP = 64
 
 
 def init_fake(world: int) -> None:
-    """The default process group on torch's ``fake`` backend, as rank 0 of ``world``."""
+    """The default group on torch's ``fake`` backend, as rank 0 of ``world``."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -118,13 +118,9 @@ def init_mesh(shape: Sequence[int], names: Sequence[str]) -> DeviceMesh:
     return init_device_mesh("cpu", tuple(shape), mesh_dim_names=tuple(names))
 
 
-def unflatten(dm: DeviceMesh, sizes: Sequence[int], names: Sequence[str]) -> DeviceMesh:
-    return dm._unflatten(0, tuple(sizes), tuple(names))
-
-
 OPS = types.SimpleNamespace(
     mesh=init_mesh,
-    unflatten=unflatten,
+    unflatten=lambda dm, sizes, names: dm._unflatten(0, tuple(sizes), tuple(names)),
     done=list,
     flatten=lambda dm, axes, name: dm[axes]._flatten(name),
 )
@@ -153,13 +149,11 @@ def mesh_without_groups(
     )
 
 
-def clear_flattens(dm: DeviceMesh) -> None:
-    """Forget the root mesh's flattens (torch's slicing scans them)."""
+def clear_flattens(dm: DeviceMesh) -> None:  # torch's slicing scans them
     dm._flatten_mapping.clear()
 
 
-def coordinate_uncached(dm: DeviceMesh) -> object:
-    """The O(world) coordinate search every DeviceMesh construction and slice runs."""
+def coordinate_uncached(dm: DeviceMesh) -> object:  # what every construction runs
     return dm._compute_coordinate_on_dim()
 
 

@@ -79,13 +79,11 @@ RECIPES = {"trainer5": trainer5, "titan": titan_meshes, "world_1d": world_1d}
 
 def init_device_mesh_of(impl: str) -> Callable[..., DeviceMesh]:
     """``fmesh.device_mesh.init_device_mesh`` or torch's, by name."""
-    if impl == "fmesh":
-        from fmesh.device_mesh import init_device_mesh
-
-        return init_device_mesh
-    from torch.distributed.device_mesh import init_device_mesh as torch_init
-
-    return torch_init
+    module = "fmesh" if impl == "fmesh" else "torch.distributed"
+    init: Callable[..., DeviceMesh] = importlib.import_module(
+        f"{module}.device_mesh"
+    ).init_device_mesh
+    return init
 
 
 def _builder(spec: Json) -> Callable[[int], Callable[[], object]]:
@@ -168,21 +166,16 @@ def build(spec: Json) -> Json:
 
 
 def pure(spec: Json) -> Json:
-    """Median seconds of each op at one world size: sh.batches of fmesh and torch
-    interleaved round robin over the ops (a burst of load from elsewhere spoils one
-    batch of every op, not every batch of one). torch's flatten creates groups under a
-    fresh name each call, so its sh.batches are short, and its root's flatten mapping,
-    which torch's slicing scans, is cleared after each batch."""
+    """Median seconds of each op at one world size (:func:`interleaved`). torch's
+    flatten creates groups under a fresh name each call, so its batches are short, and
+    its root's flatten mapping, which torch's slicing scans, is cleared after each."""
     world, repeats, target = spec["world"], spec["repeats"], spec["target_s"]
     shape = SHAPES[world]
     sizes = _sizes(NAMES, shape)
     torch_ref.fake_world(world)
     dm = torch_ref.init_mesh(shape, NAMES)
-    fm, fworld, fresh = (
-        fmesh.make_mesh(sizes),
-        fmesh.make_mesh({"world": world}),
-        itertools.count(),
-    )
+    fm, fworld = fmesh.make_mesh(sizes), fmesh.make_mesh({"world": world})
+    fresh = itertools.count()
     dm_dp = dm["dp_replicate", "dp_shard"]
     dm_world = torch_ref.mesh_without_groups(world, (world,), ("world",))
     # fmt: off
@@ -195,7 +188,7 @@ def pure(spec: Json) -> Json:
         "flatten": (lambda: fmesh.flatten(fm, ("dp_replicate", "dp_shard"), "dp"),
                     lambda: dm_dp._flatten(f"dp_b{next(fresh)}"), 50),
         "unflatten": (lambda: fmesh.unflatten(fworld, "world", sizes),
-                      lambda: torch_ref.unflatten(dm_world, shape, NAMES), 10_000),
+                      lambda: torch_ref.OPS.unflatten(dm_world, shape, NAMES), 10_000),
         "coordinate": (lambda: fmesh.coordinate(fm, 0),
                        lambda: torch_ref.coordinate_uncached(dm), 10_000),
         "coordinate_cached": (lambda: fmesh.coordinate(fm, 0), dm.get_coordinate, 10_000),
@@ -208,9 +201,9 @@ def interleaved(
     pairs: Mapping[str, Pair], repeats: int, target_s: float, between: Callable[[], object]
 ) -> Json:
     """Median seconds per call of each pair of calls (fmesh's, torch's, and the most
-    calls a batch of torch's may make): sh.batches of both interleaved round robin over
+    calls a batch of torch's may make): batches of both interleaved round robin over
     the pairs (a burst of load from elsewhere spoils one batch of every pair, not every
-    batch of one), ``between`` run before each pair's sh.batches."""
+    batch of one), ``between`` run before each pair's batches."""
     gc.collect()
     gc.freeze()  # what exists now lives to the end: out of the per-batch collections
     n = {k: (sh.calibrate(f, target_s, 100_000), sh.calibrate(t, target_s, most))
