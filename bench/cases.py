@@ -171,19 +171,18 @@ STORE = (
       "fmesh's keys are removed by their last reader; gloo's rendezvous keys stay (one per "
       "rank), on both sides", "count"),
     M("store.watch.per_rank", "watch_rank", f"{WAIT}: store requests per rank per second",
-      f"{SIM}; reads of the outcome, sliced waits", "/s", torch="", skipped=NONE,
-      every_size=True),
+      f"{SIM}; reads of the outcome, sliced waits", "/s", skipped=NONE, every_size=True),
     M("store.watch.server", "watch_rate", f"{WAIT}: server requests per second",
-      f"{SIM}; all ranks", "/s", torch="", skipped=NONE),
+      f"{SIM}; all ranks", "/s", skipped=NONE),
     M("store.watch.server_cpu", "watch_cpu", f"{WAIT}: server CPU seconds per second",
-      f"{SIM}; CPU time of the server process", "count", torch="", skipped=NONE),
+      f"{SIM}; CPU time of the server process", "count", skipped=NONE),
     M("store.find.seconds", "find_s", "a rank's process SIGKILLed mid-creation: until every "
       "survivor raised PeerLostError", f"{SIM}; from the kill to the last survivor's error, "
       "fmesh's watch at default settings; torch's survivors wait for its timeout (gloo: 30 "
-      "minutes)", torch="", skipped="waits its timeout", every_size=True),
+      "minutes)", skipped="waits its timeout", every_size=True),
     M("store.find.early", "early", "live ranks that raised before the kill (taken for dead)",
       f"{SIM}; the crowds share this machine's CPUs: a rank's watch thread can run late",
-      "count", torch="", skipped="waits", every_size=True),
+      "count", skipped="waits", every_size=True),
 )
 
 CASES: tuple[Case, ...] = (
@@ -239,23 +238,22 @@ CASES: tuple[Case, ...] = (
           f"{NEW}: agreement store requests per rank per creating call",
           "fmesh's cross-rank check before creating groups (keys under fmesh/a/), mean over "
           "ranks and creating calls; torch's recipe checks nothing", "count",
-          "per:new.agreements", torch="", skipped="no check", counted=True),
+          "per:new.agreements", skipped="no check", counted=True),
         M("gloo.trainer5.watch", "new.watch",
           f"{NEW}: peer-watch store requests per rank per creating call", WATCH, "count",
-          "per:new.watches", torch="", skipped="no watch", counted=True),
+          "per:new.watches", skipped="no watch", counted=True),
         M("gloo.memo.seconds", "memo.seconds",
           "the same realize calls again (memo hits): wall time, max over ranks",
           "the recipe again: its mesh values built anew (make_mesh, flatten, slice) and 4 "
           "realize calls, each a lookup in the process's memo (no store request, no peer); "
           "ranks share the CPUs, so the slowest rank's wall time includes waiting for one",
-          torch="", skipped="no memo"),
-        M("gloo.memo.requests", "memo.requests",
-          "the same realize calls again: store requests (all ranks)", ON_WIRE, "count", "sum",
-          torch="", skipped="no memo", counted=True),
+          skipped="no memo"),
+        M("gloo.memo.requests", "memo.requests", "the same realize calls again: store "
+          "requests (all ranks)", ON_WIRE, "count", "sum", skipped="no memo", counted=True),
         M("gloo.agree.keys_left", "*.agree_left",
           "agreement keys left in the store after a phase, most of any phase",
           "read by rank 0 after each phase (every rank's keys): a call's last reader removes "
-          "them", "count", "rank0", torch="", skipped="no agreement"),
+          "them", "count", "rank0", skipped="no agreement"),
         M("gloo.world_1d.seconds", "world_1d.seconds",
           "a new 1-d world mesh (no group created): wall time, max over ranks",
           "fmesh: a memo hit (the default group serves it), the first realize call in the "
@@ -293,7 +291,7 @@ CASES: tuple[Case, ...] = (
           "first good step after it, less recover's wait, slowest survivor",
           "recover, shrink along dp, realize among survivors, retry the step (collective "
           f"timeout {jobs.COLLECTIVE_S:g} s, recover timeout {jobs.RECOVER_S:g} s)",
-          torch="", skipped="no in-process recovery"),
+          skipped="no in-process recovery"),
     ), {mode: ((2, 2, 2),) for mode in MODES}, THREE, impls=("fmesh",), timeout_s=120.0,
          may_die=(jobs.VICTIM,)),
     Case("memory", "memory", "fake", work.roots, (
@@ -332,11 +330,10 @@ CASES: tuple[Case, ...] = (
     Case("plan", "plan (fake)", "fake", jobs.plan, (
         M("plan.titan.seconds", "seconds", f"{PLAN}, wall time",
           "the whole command as a subprocess, importing torch included; each rank on a "
-          "fresh fake world; target: under 10 s at 2^17", torch="",
-          skipped="torch has no planner"),
+          "fresh fake world; target: under 10 s at 2^17", skipped="torch has no planner"),
         M("plan.titan.peak_rss", "peak_rss", f"{PLAN}, peak RSS",
           "largest resident set of the command (torch's DeviceMesh holds an O(world) rank "
-          "map per root)", "B", torch="", skipped="torch has no planner", resolution=2**20),
+          "map per root)", "B", skipped="torch has no planner", resolution=2**20),
     ), {"full": (2**17, 2**20), "quick": (2**17,), "smoke": (2**9,)}, THREE,
          impls=("fmesh",)),
 )

@@ -113,8 +113,7 @@ def merge(committed: Json, part: Json) -> Json:
 
 
 def load(path: Path) -> Json:
-    payload: Json = json.loads(path.read_text())
-    return payload
+    return dict(json.loads(path.read_text()))
 
 
 def ahead_note(row: Row) -> str:
@@ -261,11 +260,10 @@ def check(json_path: Path, page: Path) -> list[str]:
         (md, md.read_text(), results_md(payload)),
         (page, section(page.read_text()), readme_block(payload)),
     ):
-        if have != want:
-            diff = difflib.unified_diff(
-                have.splitlines(), want.splitlines(), f"{path} (now)", "rendered", lineterm=""
-            )
-            problems.append("\n".join(diff))
+        diff = difflib.unified_diff(
+            have.splitlines(), want.splitlines(), str(path), "rendered"
+        )
+        problems += ["\n".join(line.rstrip("\n") for line in diff)] if have != want else []
     return problems
 
 

@@ -35,8 +35,8 @@ class Metric:
     note: str = ""  # "{name}": a string fmesh's worker returned, "same", "n_fmesh", ...
     unit: str = "s"
     ranks: str = "max"  # over a job's ranks: max, mean, sum, rank0, per:<read of a total>
-    torch: str | None = None  # where torch's figure is (None: the same place; "": none)
-    skipped: str | None = None  # what the torch column says where it has no figure
+    torch: str | None = None  # where torch's figure is (None: the same place)
+    skipped: str | None = None  # torch has no figure: what its column says instead
     counted: bool = False  # from the counting jobs (store requests), not the timed ones
     every_size: bool = False
     resolution: float = 0.0
@@ -180,10 +180,9 @@ def run_case(b: Bench, case: Case) -> None:
         notes["same"] = SAME if same else "**meshes differ from torch's**"
         notes |= {f"n_{impl}": str(len(jobs)) for impl, jobs in runs.items()}
         for m in case.metrics:
-            torch_read = m.read if m.torch is None else m.torch
             torch = None
-            if torch_read and runs.get("torch") and got["skipped"] is None:
-                torch = figure(runs["torch"], m, torch_read)
+            if m.skipped is None and runs.get("torch") and got["skipped"] is None:
+                torch = figure(runs["torch"], m, m.torch or m.read)
             # fmt: off
             rows.append(Row(
                 m.key, case.section, m.label, label, ranks_of(size), m.unit,

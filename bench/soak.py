@@ -40,6 +40,7 @@ import datetime
 import faulthandler
 import gc
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -68,17 +69,8 @@ NATIVE = re.compile(
 
 
 def _usage() -> Json:
-    return {
-        "fds": len(os.listdir("/proc/self/fd")),
-        "threads": threading.active_count(),
-        "rss_mb": round(rss_kib()[0] / 1024, 1),
-    }
-
-
-def _faults(spec: Json, what: str) -> None:
-    rank = os.environ["RANK"]
-    path = Path(str(spec["dir"])) / f"{what}-rank{rank}.txt"
-    faulthandler.enable(file=open(path, "w"))  # noqa: SIM115 - kept open for a crash
+    rss_mb, fds = round(rss_kib()[0] / 1024, 1), len(os.listdir("/proc/self/fd"))
+    return {"fds": fds, "threads": threading.active_count(), "rss_mb": rss_mb}
 
 
 def soak_worker(spec: Json) -> Json:
@@ -86,7 +78,8 @@ def soak_worker(spec: Json) -> Json:
     import fmesh
     from fmesh.device_mesh import init_device_mesh
 
-    _faults(spec, "soak")
+    path = Path(str(spec["dir"])) / f"soak-rank{os.environ['RANK']}.txt"
+    faulthandler.enable(file=open(path, "w"))  # noqa: SIM115 - kept open for a crash
     torch_ref.init_gloo(spec)
     before = _usage()
     mesh = fmesh.make_mesh({"dp": 2, "tp": 2})
@@ -108,26 +101,11 @@ def soak_worker(spec: Json) -> Json:
     builds_s = time.monotonic() - t0
     # torch's DeviceMesh objects form reference cycles that hold their groups (and
     # gloo's sockets) until the collector runs: measure before and after it.
-    before_gc = _usage()
+    out = {"rank": int(os.environ["RANK"]), "start": before, "after_cycles": after_cycles}
+    out["end_before_gc"] = _usage()
     gc.collect()
-    return {
-        "rank": int(os.environ["RANK"]),
-        "start": before,
-        "after_cycles": after_cycles,
-        "end_before_gc": before_gc,
-        "end": _usage(),
-        "groups_created_in_cycles": created,
-        "cycles_s": round(cycles_s, 1),
-        "builds_s": round(builds_s, 1),
-    }
-
-
-def _stacks(folder: Path, prefix: str) -> dict[str, str]:
-    return {
-        p.name: p.read_text()[-4000:]
-        for p in sorted(folder.glob(prefix + "*.txt"))
-        if p.stat().st_size
-    }
+    out |= {"end": _usage(), "groups_created_in_cycles": created}
+    return out | {"cycles_s": round(cycles_s, 1), "builds_s": round(builds_s, 1)}
 
 
 def _causal_attention(self: object, q_TNH: Any, k_TNH: Any, v_TNH: Any, **kw: Any) -> Any:
@@ -220,13 +198,9 @@ def titan_worker(spec: Json) -> Json:
         opt.step()
         opt.zero_grad()
         losses.append(round(loss.item(), 4))
-    return {
-        "rank": int(os.environ["RANK"]),
-        "losses": losses,
-        "fmesh_groups": fmesh.cache_stats().created,
-        "setup_s": round(setup_s, 1),
-        "train_s": round(time.monotonic() - t0, 1),
-    }
+    out = {"rank": int(os.environ["RANK"]), "losses": losses, "setup_s": round(setup_s, 1)}
+    train_s = round(time.monotonic() - t0, 1)
+    return out | {"fmesh_groups": fmesh.cache_stats().created, "train_s": train_s}
 
 
 def _titan_job(spec: Json, limit_s: float) -> Json:
@@ -292,11 +266,8 @@ def _provenance() -> Json:
     dirty = subprocess.run([*git, "status", "--porcelain", "fmesh"], capture_output=True)
     out: Json = {"torch": torch.__version__, "python": sys.version.split()[0]}
     out |= {"fmesh_commit": head.stdout.strip() or None, "fmesh_dirty": bool(dirty.stdout)}
-    try:
-        out["torchtitan"] = str(importlib.import_module("torchtitan").__file__)
-    except ImportError:
-        out["torchtitan"] = None
-    return out
+    found = importlib.util.find_spec("torchtitan")
+    return out | {"torchtitan": found.origin if found else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         crashes: list[str] = []
         ranks = launch.run_gloo_job(soak_worker, WORLD, spec, limit, crashes=crashes)
         soak = {"ranks": ranks, "crashes": crashes}
-        report["soak"] = soak | {"stacks": _stacks(folder, "soak")}
+        stacks = {p.name: p.read_text()[-4000:] for p in sorted(folder.glob("soak*.txt"))}
+        report["soak"] = soak | {"stacks": {k: v for k, v in stacks.items() if v}}
         out.write_text(json.dumps(report, indent=1) + "\n")
     report |= {"steps": args.steps, "tokens": args.tokens, "jobs": []}
     t0 = time.monotonic()

@@ -118,7 +118,9 @@ def growth(rows: list[Row]) -> list[Row]:
         ("cpu", "cpu_growth", "process CPU time", "process CPU time rows above, each a median "
          "of fresh processes: unlike wall time, not lengthened by other processes"),
     ):  # fmt: skip
-        lo, *_, hi = sorted((r for r in rows if r.key.endswith("." + read)), key=_ranks)
+        lo, *_, hi = sorted(
+            (r for r in rows if r.key.endswith("." + read)), key=lambda r: r.ranks
+        )
         # fmt: off
         out.append(Row(
             lo.key.replace(f".{read}", f".{key}"), lo.section,
@@ -130,7 +132,3 @@ def growth(rows: list[Row]) -> list[Row]:
         ))
         # fmt: on
     return out
-
-
-def _ranks(row: Row) -> int:
-    return row.ranks
