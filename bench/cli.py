@@ -186,8 +186,8 @@ def verdicts(shown: list[Row]) -> list[str]:
     behind = [r for r in shown if r.ratio is not None and r.ratio < 0.95]
     par = [r for r in shown if r.ratio is not None and 0.95 <= r.ratio <= 1.05]
     out = [f"fmesh is ahead or at par in all {len(shown)} rows shown."]
+    labels = "; ".join(f"{r.bench} at {r.world} ({fmt_ratio(r.ratio)})" for r in behind)
     if behind:
-        labels = "; ".join(f"{r.bench} at {r.world} ({fmt_ratio(r.ratio)})" for r in behind)
         out = [f"torch is ahead in {len(behind)} of the {len(shown)} rows shown: {labels}."]
         if any(r.key == "pure.coordinate_cached" for r in behind):
             out[0] += (

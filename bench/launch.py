@@ -116,8 +116,7 @@ def run_worker(worker: Worker, spec: Json, timeout_s: float) -> Json:
     """Run one measurement in a fresh process (killed past ``timeout_s``)."""
     started = start(worker, spec)
     try:
-        result: Json = started.receive(timeout_s)
-        return result
+        return dict(started.receive(timeout_s))
     finally:
         started.stop()
 

@@ -109,13 +109,12 @@ def fmesh_call(
             if watch is not None:
                 watch.finish(2 * TIMEOUT)
     except BaseException as err:
-        if watch is not None:
-            if not isinstance(err, PeerLostError):
-                watch.fail(err)
-            watch.close()
+        if watch is not None and not isinstance(err, PeerLostError):
+            watch.fail(err)
         raise
-    if watch is not None:
-        watch.close()
+    finally:
+        if watch is not None:
+            watch.close()
 
 
 # == end of the adapter ====================================================================
