@@ -46,8 +46,7 @@ HIT = {"full": (1000, 0.3), "quick": (300, 0.1), "smoke": (20, 0.01)}
 Spec = Callable[[str, Any], dict[str, object]]
 
 
-def given(**fixed: object) -> Spec:
-    """A case's spec: ``fixed``, at every mode and size."""
+def given(**fixed: object) -> Spec:  # the same spec at every mode and size
     return lambda mode, size: dict(fixed)
 
 

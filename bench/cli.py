@@ -186,8 +186,8 @@ def verdicts(shown: list[Row]) -> list[str]:
     behind = [r for r in shown if r.ratio is not None and r.ratio < 0.95]
     par = [r for r in shown if r.ratio is not None and 0.95 <= r.ratio <= 1.05]
     out = [f"fmesh is ahead or at par in all {len(shown)} rows shown."]
-    labels = "; ".join(f"{r.bench} at {r.world} ({fmt_ratio(r.ratio)})" for r in behind)
     if behind:
+        labels = "; ".join(f"{r.bench} at {r.world} ({fmt_ratio(r.ratio)})" for r in behind)
         out = [f"torch is ahead in {len(behind)} of the {len(shown)} rows shown: {labels}."]
         if any(r.key == "pure.coordinate_cached" for r in behind):
             out[0] += (
@@ -260,10 +260,11 @@ def check(json_path: Path, page: Path) -> list[str]:
         (md, md.read_text(), results_md(payload)),
         (page, section(page.read_text()), readme_block(payload)),
     ):
-        diff = difflib.unified_diff(
-            have.splitlines(), want.splitlines(), str(path), "rendered"
-        )
-        problems += ["\n".join(line.rstrip("\n") for line in diff)] if have != want else []
+        if have != want:
+            diff = difflib.unified_diff(
+                have.splitlines(), want.splitlines(), f"{path} (now)", "rendered", lineterm=""
+            )
+            problems.append("\n".join(diff))
     return problems
 
 

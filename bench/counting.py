@@ -93,7 +93,6 @@ class CountingStore(Store):
             return dict(self.counts)
 
     def key_snapshot(self) -> dict[str, int]:
-        """Requests per key so far."""
         with self._lock:
             return dict(self.keys)
 

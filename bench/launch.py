@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import multiprocessing
 import os
 import time
@@ -29,21 +30,20 @@ from .shared import Json
 Worker = Callable[[Json], Json]
 Server = Callable[[Json, Connection], None]
 """Runs a service: reads requests from the connection, answers each with :func:`reply`."""
-_ctx: list[ForkServerContext] = []
 
 
 class WorkerError(RuntimeError):
     """A measurement process failed, died or ran past its time."""
 
 
+@functools.cache
 def context() -> ForkServerContext:
-    if not _ctx:
-        # torch's C++ warnings (a store wait that timed out, a host name not found) are
-        # expected by the thousand in the store-load rows: errors only.
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        _ctx.append(multiprocessing.get_context("forkserver"))
-        _ctx[0].set_forkserver_preload([*torch_ref.PRELOAD, "numpy", "fmesh", "bench.shared"])
-    return _ctx[0]
+    # torch's C++ warnings (a store wait that timed out, a host name not found) are
+    # expected by the thousand in the store-load rows: errors only.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([*torch_ref.PRELOAD, "numpy", "fmesh", "bench.shared"])
+    return ctx
 
 
 def _child(fn: Any, spec: Json, env: dict[str, str], conn: Connection, serve: bool) -> None:
