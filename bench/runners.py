@@ -6,7 +6,8 @@ A runner turns each size of a case into *runs* per library: ``{"fmesh": [job, ..
 library, fmesh's and torch's interleaved (the machine's load drifts), after one
 counting job per library where a metric counts store requests; ``store`` cases run
 :func:`bench.store_load.measure`. A metric reads one figure from every job (over its
-ranks: the slowest, the mean, ...) and takes the median over jobs.
+ranks: the slowest, the mean, ...) and takes the median over jobs (the least, where a
+metric says ``best``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Metric:
     counted: bool = False  # from the counting jobs (store requests), not the timed ones
     every_size: bool = False
     resolution: float = 0.0
+    best: bool = False  # the least over jobs (noise only adds time), not the median
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Case:
     impls: tuple[str, ...] = IMPLS
     both: bool = False  # the worker measures both libraries in one process
     skip_torch: Mapping[str, str] = field(default_factory=dict)  # modes that do, and why
+    interleave: bool = False  # the sizes' jobs round by round (rows compared across sizes)
     timeout_s: float = 600.0
     may_die: tuple[int, ...] = ()  # ranks of a gloo job that may die by SIGKILL
     after: Callable[[list[Row]], list[Row]] | None = None  # more rows from the measured
@@ -82,27 +85,34 @@ def ranks_of(size: Any) -> int:
     return size if isinstance(size, int) else math.prod(size)
 
 
-def run_jobs(b: Bench, case: Case, size: Any, repeats: int, torch_repeats: int) -> Json:
-    """Fresh processes or gloo jobs: a counting job per library first (when a metric
-    counts), then ``repeats`` timed ones (torch: ``torch_repeats``), interleaved."""
+def run_jobs(b: Bench, case: Case, plan: list[tuple[Any, int, int]]) -> list[Json]:
+    """Fresh processes or gloo jobs at each (size, repeats, torch's repeats) of ``plan``:
+    a counting job per library first (when a metric counts), then the timed ones, the
+    libraries interleaved, and the sizes too, round by round: they share the machine's
+    slow and fast spells."""
     assert case.worker is not None, case.raw_key
-    runs: Runs = {impl: [] for impl in case.impls}
     skipped = case.skip_torch.get(b.mode)
-    counting = any(m.counted for m in case.metrics)
-    world = ranks_of(size)
-    for i, count in enumerate([True] * counting + [False] * repeats):
-        for impl in [None] if case.both else case.impls:
-            if impl == "torch" and (skipped or i - counting >= torch_repeats):
+    counting = int(any(m.counted for m in case.metrics))
+    out: list[Json] = [{"runs": {i: [] for i in case.impls}, "skipped": skipped} for _ in plan]
+    for i in range(counting + max(repeats for _, repeats, _ in plan)):
+        for (size, repeats, torch_repeats), got in zip(plan, out, strict=True):
+            if i >= counting + repeats:
                 continue
-            spec = {**case.spec(b.mode, size), "impl": impl, "count": count}
-            spec |= {"world": world, "shape": size}
-            if case.runner == "gloo":
-                job = run_gloo_job(case.worker, world, spec, case.timeout_s, case.may_die)
-            else:
-                job = [run_worker(case.worker, spec, case.timeout_s)]
-            for name in job[0]:
-                runs[name].append([{**r[name], "counted": count} for r in job])
-    return {"runs": runs, "skipped": skipped}
+            for impl in [None] if case.both else case.impls:
+                if impl == "torch" and (skipped or i - counting >= torch_repeats):
+                    continue
+                world = ranks_of(size)
+                spec = {**case.spec(b.mode, size), "impl": impl, "count": i < counting}
+                spec |= {"world": world, "shape": size}
+                if case.runner == "gloo":
+                    job = run_gloo_job(case.worker, world, spec, case.timeout_s, case.may_die)
+                else:
+                    job = [run_worker(case.worker, spec, case.timeout_s)]
+                for name in job[0]:
+                    got["runs"][name].append(
+                        [{**r[name], "counted": i < counting} for r in job]
+                    )
+    return out
 
 
 def _get(result: Json, read: str) -> Any:
@@ -116,7 +126,8 @@ def _get(result: Json, read: str) -> Any:
 
 
 def figure(jobs: list[list[Json]], metric: Metric, read: str) -> float | None:
-    """The median over jobs (the counting jobs, or the others) of a job's figure."""
+    """The median over jobs (the counting jobs, or the others) of a job's figure (the
+    least with ``metric.best``)."""
     values = []
     for job in jobs:
         if job[0].get("counted", False) != metric.counted:
@@ -133,7 +144,7 @@ def figure(jobs: list[list[Json]], metric: Metric, read: str) -> float | None:
             values.append(sum(each) / total if total else 0.0)
         else:
             values.append({"sum": sum, "mean": lambda e: sum(e) / len(e)}.get(how, max)(each))
-    return median(values) if values else None
+    return (min if metric.best else median)(values) if values else None
 
 
 def same_meshes(runs: Runs) -> bool | None:
@@ -157,7 +168,11 @@ def run_case(b: Bench, case: Case) -> None:
     metric at every size, in the table's order)."""
     raw: Json = {}
     rows: list[Row] = []
-    for size, repeats, torch_repeats in case.plan(b.mode):
+    plan = case.plan(b.mode)
+    if case.interleave:
+        b.log(f"{case.section}: {case.raw_key}, sizes interleaved ...")
+    together = run_jobs(b, case, plan) if case.interleave else None
+    for k, (size, repeats, torch_repeats) in enumerate(plan):
         label = (
             world_str(size)
             if isinstance(size, int)
@@ -169,8 +184,10 @@ def run_case(b: Bench, case: Case) -> None:
 
             spec = case.spec(b.mode, size)
             got = raw[label] = {"runs": measure(size, repeats, **spec), "skipped": None}
+        elif together is not None:
+            got = raw[label] = together[k]
         else:
-            got = raw[label] = run_jobs(b, case, size, repeats, torch_repeats)
+            got = raw[label] = run_jobs(b, case, [(size, repeats, torch_repeats)])[0]
         runs: Runs = got["runs"]
         same = same_meshes(runs)
         if same is False:

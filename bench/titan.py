@@ -104,9 +104,12 @@ def summary(meshes: Any, world: int) -> Json:
 
 
 def growth(rows: list[Row]) -> list[Row]:
-    """Per library, the median wall time (``growth``) and the median process CPU time
+    """Per library, the median wall time (``growth``) and the least process CPU time
     (``cpu_growth``) at the largest world over that at the smallest: 1x is flat in the
-    world size."""
+    world size. On a shared machine a fresh process's time for the same work varies up
+    to 2x with what other tenants run (CPU time as much as wall time), at any size;
+    that noise only adds time, so the least of K processes is the work itself (as
+    ``timeit`` reports its best)."""
 
     def over(a: float | None, b: float | None) -> float | None:
         return a / b if a is not None and b else None
@@ -115,8 +118,9 @@ def growth(rows: list[Row]) -> list[Row]:
     for read, key, what, above in (
         ("seconds", "growth", "wall time", "wall-time rows above, each a median of fresh "
          "processes"),
-        ("cpu", "cpu_growth", "process CPU time", "process CPU time rows above, each a median "
-         "of fresh processes: unlike wall time, not lengthened by other processes"),
+        ("cpu", "cpu_growth", "process CPU time", "process CPU time rows above, each the "
+         "least of fresh processes: a process's time for the same work varies up to 2x "
+         "with the shared machine's other tenants, at any size, and that noise only adds"),
     ):  # fmt: skip
         lo, *_, hi = sorted(
             (r for r in rows if r.key.endswith("." + read)), key=lambda r: r.ranks

@@ -303,6 +303,10 @@ def test_titan_rows_check_that_both_libraries_built_the_same_meshes(
         for n in (2**4, 2**6):
             runs = smoke["raw"][f"titan.{backend}"][world_str(n)]["runs"]
             assert len(runs["fmesh"]) == len(runs["torch"]) == 2, runs
+            # The CPU row is the least of the processes (noise only adds time).
+            for impl in ("fmesh", "torch"):
+                least = min(job[0]["cpu"] for job in runs[impl])
+                assert math.isclose(rows[f"titan.{backend}.cpu", n][impl], least), runs
 
 
 _TITAN_SCRIPT = """
