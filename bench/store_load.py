@@ -50,7 +50,7 @@ PHASES = ("fmesh-gloo", "torch-gloo", "fmesh-nccl", "torch-nccl", "barrier")
 
 # == The adapter: the only code here that knows how fmesh agrees and watches peers
 # during a creating call (``create_groups`` in fmesh/_runtime/creation.py, and
-# ``groups.create``'s error path). When the watch changes, re-point these two functions.
+# ``groups._new_group``'s error path). When the watch changes, re-point these two functions.
 
 
 def setup_process(ranks: list[int]) -> None:
