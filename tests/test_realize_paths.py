@@ -83,7 +83,7 @@ def _axis_group(
         key=(mesh.axes[pos], mesh.index_size, rank_map_key(mesh), backend, 0),
         served=_launch.serves(world, mesh, mesh.axes[pos], backend, None),
     )
-    pg, _ = _groups.axis_group(request, world, None, None)
+    pg, _ = _groups.axis_group(request, world, None)
     return pg
 
 

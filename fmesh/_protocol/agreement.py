@@ -193,10 +193,9 @@ def abort(ticket: Ticket, message: str) -> None:
     append(ticket.conn, ticket.prefix + "failed", f"{ticket.rank}\x1f{message}\x1e")
 
 
-def failures(ticket: Ticket, wait: float = 0.0) -> dict[int, str]:
-    """Why other ranks gave up on ``ticket``'s call (``abort``), by rank, waiting
-    up to ``wait`` seconds for a first report."""
-    raw = wait_get(ticket.conn, ticket.prefix + "failed", wait)
+def failures(ticket: Ticket) -> dict[int, str]:
+    """Why ranks gave up on ``ticket``'s call so far (``abort``), by rank."""
+    raw = wait_get(ticket.conn, ticket.prefix + "failed", 0.0)
     if raw is None:
         return {}
     out: dict[int, str] = {}

@@ -50,7 +50,7 @@ def create_groups(call: Call) -> tuple[dict[str, ProcessGroup], int]:
     try:
         with liveness.watching(ticket, timeout) as watch:
             for request in call.requests:
-                pg, fresh = axis_group(request, world, timeout, ticket)
+                pg, fresh = axis_group(request, world, ticket)
                 if fresh and pg is not None:
                     made.append(pg)
                 if pg is not None:

@@ -107,10 +107,7 @@ def _size_one_backend(request: AxisRequest, world: World) -> tuple[str, object, 
 
 
 def axis_group(
-    request: AxisRequest,
-    world: World,
-    timeout: datetime.timedelta | None,
-    ticket: _agree.Ticket | None,
+    request: AxisRequest, world: World, ticket: _agree.Ticket | None
 ) -> tuple[ProcessGroup | None, int]:
     """This rank's group along one axis: from the axis memo, else created once per
     process (a thread that finds another creating it waits for that creation, then
@@ -129,7 +126,7 @@ def axis_group(
             break
         event.wait()
     try:
-        pg, made = _create(request, world, timeout, ticket)
+        pg, made = _create(request, world, ticket)
         with state.lock:
             state.axis_memo[key] = pg
             if made:
@@ -146,10 +143,7 @@ def axis_group(
 
 
 def _create(
-    request: AxisRequest,
-    world: World,
-    timeout: datetime.timedelta | None,
-    ticket: _agree.Ticket | None,
+    request: AxisRequest, world: World, ticket: _agree.Ticket | None
 ) -> tuple[ProcessGroup | None, int]:
     """Make (or find) this rank's group along one axis; returns (group, 1 if created
     else 0). The caller keeps it in the axis memo (``axis_group``)."""
@@ -184,6 +178,7 @@ def _create(
         if pg is not None:
             return pg, 0
     desc = _desc(request.name)
+    timeout = request.timeout
     wait = timeout if timeout is not None else default_timeout(backend)
     if world_collective:
         pg = _split(request, world, backend, options, options_id, timeout, wait, desc)
