@@ -316,6 +316,9 @@ def mismatch_job(rank: int, world: int) -> Facts:
     from fmesh.device_mesh import init_device_mesh
 
     dist.init_process_group("gloo")
+    # Every rank through gloo's connectFullMesh before any can raise and exit: a rank
+    # still connecting to one that left fails inside init_process_group instead.
+    dist.barrier()
     # Both shapes create groups, so every rank agrees first (a call that creates
     # nothing, such as a 1-d world mesh, is matched at the rank's next creating call).
     names = ("dp", "tp") if rank == 0 else ("tp", "dp")

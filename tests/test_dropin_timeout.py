@@ -105,6 +105,7 @@ def disagree_job(rank: int, world: int) -> float:
     from fmesh.device_mesh import init_device_mesh
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.barrier()  # see mismatch_job in tests/test_dropin.py
     start = time.monotonic()
     try:
         init_device_mesh(
