@@ -1,9 +1,10 @@
-"""Crash rates of the soak's training jobs, told apart: intervals and a test, stdlib only.
+"""Crash rates of the soak's training jobs, told apart: intervals and a test.
 
 Each side's rate of ``native_abort`` jobs gets Wilson's score interval and the exact
 Clopper-Pearson interval (95%); the difference fmesh - torch gets Newcombe's hybrid
 score interval and Fisher's exact test (two-sided). Small counts are the point (a rare
-crash in tens of jobs), so no normal approximation of the difference is used.
+crash in tens of jobs), so no normal approximation of the difference is used. The
+intervals and the test are scipy's (``binomtest``, ``fisher_exact``).
 """
 
 from __future__ import annotations
@@ -12,55 +13,35 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
+
+from scipy import stats  # type: ignore[import-untyped]  # scipy ships no types
 
 from .shared import Json
 
 SIDES = ("torch", "fmesh")
-Z95 = 1.959963984540054
+OUTCOMES = ("ok", "native_abort", "other_failure", "timeout")
 
 
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson's score interval for a binomial proportion k/n."""
-    p, d = k / n, 1 + z * z / n
-    centre, half = (
-        (p + z * z / (2 * n)) / d,
-        z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d,
-    )
-    return max(0.0, centre - half), min(1.0, centre + half)
+def _interval(k: int, n: int, method: str) -> tuple[float, float]:
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method=method)
+    return float(ci.low), float(ci.high)
 
 
-def _binom_cdf(k: int, n: int, p: float) -> float:
-    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """Wilson's score interval (95%, no continuity correction) for k/n."""
+    return _interval(k, n, "wilson")
 
 
-def _solve(f: Callable[[float], float], target: float) -> float:
-    """The p in [0, 1] where the decreasing ``f(p)`` equals ``target`` (bisection)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) > target else (lo, mid)
-    return (lo + hi) / 2
-
-
-def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
-    """The exact (Clopper-Pearson) interval: P(X >= k) = alpha/2 and P(X <= k) = alpha/2."""
-    lower = 0.0 if k == 0 else _solve(lambda p: _binom_cdf(k - 1, n, p), 1 - alpha / 2)
-    upper = 1.0 if k == n else _solve(lambda p: _binom_cdf(k, n, p), alpha / 2)
-    return lower, upper
+def clopper_pearson(k: int, n: int) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) interval (95%) for k/n."""
+    return _interval(k, n, "exact")
 
 
 def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> float:
     """Fisher's exact test of k1/n1 against k2/n2: the two-sided p-value."""
-    total, hits = n1 + n2, k1 + k2
-
-    def prob(x: int) -> float:
-        return math.comb(n1, x) * math.comb(n2, hits - x) / math.comb(total, hits)
-
-    seen = prob(k1)
-    support = range(max(0, hits - n2), min(hits, n1) + 1)
-    return min(1.0, sum(prob(x) for x in support if prob(x) <= seen * (1 + 1e-7)))
+    _, p_value = stats.fisher_exact([[k1, n1 - k1], [k2, n2 - k2]])  # (odds ratio, p)
+    return float(p_value)
 
 
 def newcombe(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float]:
@@ -76,20 +57,15 @@ def rates(jobs: list[Json]) -> Json:
     out: Json = {}
     for side in SIDES:
         mine = [j for j in jobs if j["side"] == side]
-        n, k = len(mine), sum(j["outcome"] == "native_abort" for j in mine)
-        walls = [float(j["wall_s"]) for j in mine]
-        out[side] = {o: sum(j["outcome"] == o for j in mine) for o in ("ok", "native_abort")}
-        out[side] |= {
-            o: sum(j["outcome"] == o for j in mine) for o in ("other_failure", "timeout")
-        }
-        out[side] |= {"jobs": n, "abort_rate": k / n if n else None}
+        n = len(mine)
+        by_outcome = {o: sum(j["outcome"] == o for j in mine) for o in OUTCOMES}
+        k = by_outcome["native_abort"]
+        out[side] = by_outcome | {"jobs": n, "abort_rate": k / n if n else None}
         if n:
+            walls = [float(j["wall_s"]) for j in mine]
             out[side] |= {"wilson95": wilson(k, n), "clopper_pearson95": clopper_pearson(k, n)}
-            out[side]["wall_s"] = {
-                "median": statistics.median(walls),
-                "min": min(walls),
-                "max": max(walls),
-            }
+            wall_s = {"median": statistics.median(walls), "min": min(walls), "max": max(walls)}
+            out[side]["wall_s"] = wall_s
     t, f = out["torch"], out["fmesh"]
     if t["jobs"] and f["jobs"]:
         counts = (f["native_abort"], f["jobs"], t["native_abort"], t["jobs"])
@@ -132,11 +108,10 @@ def summary(report: Json) -> str:
     for job in report["jobs"]:
         if job["outcome"] != "ok":
             first = job["first_deaths"][0][0] if job["first_deaths"] else None
-            fates = {str(r): fate for r, fate in job["fates"].items()}
+            fates = {str(rank): fate for rank, fate in job["fates"].items()}
             what = job["message"] or fates.get(str(first), "no rank died")
-            seen.setdefault(f"{job['outcome']}: {what}", []).append(
-                f"{job['side']} rank {first}"
-            )
+            key = f"{job['outcome']}: {what}"
+            seen.setdefault(key, []).append(f"{job['side']} rank {first}")
     lines += [f"  {len(v)} x {key} ({', '.join(v)})" for key, v in sorted(seen.items())]
     return "\n".join(lines)
 
