@@ -61,8 +61,7 @@ WORLD = 4
 GRACE_S = 20.0
 """How long the peers of a dead rank may go on before they are killed."""
 NATIVE = re.compile(
-    r"^(?:\w+\(\): .+|double free or corruption.*|corrupted .+|terminate called .+"
-    r"|Fatal Python error: .+)$",
+    r"^(?:\w+\(\): .+|double free or corruption.*|corrupted .+|terminate called .+)$",
     re.MULTILINE,
 )
 """glibc's and the runtime's fatal messages (``malloc(): unaligned tcache chunk ...``)."""
@@ -78,34 +77,34 @@ def soak_worker(spec: Json) -> Json:
     import fmesh
     from fmesh.device_mesh import init_device_mesh
 
-    path = Path(str(spec["dir"])) / f"soak-rank{os.environ['RANK']}.txt"
+    rank = int(os.environ["RANK"])
+    path = Path(spec["dir"]) / f"soak-rank{rank}.txt"
     faulthandler.enable(file=open(path, "w"))  # noqa: SIM115 - kept open for a crash
     torch_ref.init_gloo(spec)
-    before = _usage()
+    out = {"rank": rank, "start": _usage()}
     mesh = fmesh.make_mesh({"dp": 2, "tp": 2})
     timeout = datetime.timedelta(seconds=60)
     created = 0
     t0 = time.monotonic()
-    for _ in range(int(str(spec["cycles"]))):
+    for _ in range(spec["cycles"]):
         created += fmesh.realize(mesh, timeout=timeout).created
         fmesh.destroy()
-    cycles_s = time.monotonic() - t0
-    after_cycles = _usage()
+    cycles_s = round(time.monotonic() - t0, 1)
+    out["after_cycles"] = _usage()
     t0 = time.monotonic()
-    for _ in range(int(str(spec["builds"]))):
+    for _ in range(spec["builds"]):
         dm = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
         flat = dm["dp", "tp"]._flatten("dp_tp")
         flat._unflatten(0, (2, 2), ("a", "b"))
         del dm, flat
         fmesh.destroy()
-    builds_s = time.monotonic() - t0
+    builds_s = round(time.monotonic() - t0, 1)
     # torch's DeviceMesh objects form reference cycles that hold their groups (and
     # gloo's sockets) until the collector runs: measure before and after it.
-    out = {"rank": int(os.environ["RANK"]), "start": before, "after_cycles": after_cycles}
     out["end_before_gc"] = _usage()
     gc.collect()
     out |= {"end": _usage(), "groups_created_in_cycles": created}
-    return out | {"cycles_s": round(cycles_s, 1), "builds_s": round(builds_s, 1)}
+    return out | {"cycles_s": cycles_s, "builds_s": builds_s}
 
 
 def _causal_attention(self: object, q_TNH: Any, k_TNH: Any, v_TNH: Any, **kw: Any) -> Any:
@@ -133,7 +132,7 @@ def titan_worker(spec: Json) -> Json:
 
     # The whole stderr to a file: glibc writes its abort message there, faulthandler
     # the Python stacks.
-    path = Path(str(spec["dir"])) / f"{spec['name']}-rank{os.environ['RANK']}.txt"
+    path = Path(spec["dir"]) / f"{spec['name']}-rank{os.environ['RANK']}.txt"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 2)
     os.close(fd)
@@ -171,7 +170,7 @@ def titan_worker(spec: Json) -> Json:
         parallelism=parallelism,
         compile_config=tt["config"].CompileConfig(),
         ac_config=None,
-        dump_folder=str(spec["dir"]),
+        dump_folder=spec["dir"],
     )
     for module in model.modules():
         if isinstance(module, FSDPModule):
@@ -184,11 +183,9 @@ def titan_worker(spec: Json) -> Json:
     opt = torch.optim.AdamW(params, lr=8e-4, betas=(0.9, 0.95), weight_decay=0.1)
     dp_rank = parallel_dims.get_mesh("batch").get_local_rank()
     setup_s, t0, losses = time.monotonic() - t0, time.monotonic(), []
-    for step in range(int(str(spec["steps"]))):
+    for step in range(spec["steps"]):
         gen = torch.Generator().manual_seed(1000 * step + dp_rank)
-        tokens = torch.randint(
-            0, config.vocab_size, (int(str(spec["tokens"])) + 1,), generator=gen
-        )
+        tokens = torch.randint(0, config.vocab_size, (spec["tokens"] + 1,), generator=gen)
         pred = model(tokens[:-1])
         if isinstance(pred, DTensor):
             pred = pred.full_tensor()
@@ -206,10 +203,8 @@ def titan_worker(spec: Json) -> Json:
 def _titan_job(spec: Json, limit_s: float) -> Json:
     """One training job: its outcome, wall time and every rank's fate."""
     t0 = time.monotonic()
-    # glibc's fatal messages to stderr, not the tty
-    store, ranks = launch.start_job(
-        titan_worker, WORLD, spec, limit_s, {"LIBC_FATAL_STDERR_": "1"}
-    )
+    env = {"LIBC_FATAL_STDERR_": "1"}  # glibc's fatal messages to stderr, not the tty
+    store, ranks = launch.start_job(titan_worker, WORLD, spec, limit_s, env)
     deadline = t0 + limit_s
     fates: dict[int, str] = {}
     results: dict[int, Json] = {}
@@ -234,11 +229,10 @@ def _titan_job(spec: Json, limit_s: float) -> Json:
         rank.stop(0)  # only the processes this soak started
     del store
     wall_s = round(time.monotonic() - t0, 1)
-    folder = Path(str(spec["dir"]))
     messages = {}
     for r in range(WORLD):
-        text = (folder / f"{spec['name']}-rank{r}.txt").read_text(errors="replace")
-        found = [m for m in NATIVE.findall(text) if not m.startswith("Fatal Python")]
+        text = (Path(spec["dir"]) / f"{spec['name']}-rank{r}.txt").read_text(errors="replace")
+        found = NATIVE.findall(text)
         if found or fates[r] != "ok":
             messages[r] = {"native": found, "stderr_tail": text[-3000:]}
     aborts = [r for r, f in fates.items() if f == "killed by SIGABRT"]
@@ -299,19 +293,19 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(report, indent=1) + "\n")
     report |= {"steps": args.steps, "tokens": args.tokens, "jobs": []}
     t0 = time.monotonic()
-    for i in range(2 * args.jobs):
-        if i % 2 == 0 and args.budget_s is not None and time.monotonic() - t0 > args.budget_s:
+    for number in range(args.jobs):
+        if args.budget_s is not None and time.monotonic() - t0 > args.budget_s:
             break
-        side = SIDES[i % 2]
-        spec = {"maker": side, "job": i // 2, "steps": args.steps, "tokens": args.tokens}
-        spec |= {"dir": str(folder), "name": f"titan-{i // 2:03d}-{side}"}
-        job = _titan_job(spec, args.job_limit_s)
-        report["jobs"].append(job)
-        line = f"job {i // 2} {side}: {job['outcome']} in {job['wall_s']} s"
-        line += f" {job['message'] or ''}"
-        print(f"[{time.monotonic() - t0:6.0f} s] {line}", file=sys.stderr, flush=True)
-        report["rates"] = rates(report["jobs"])
-        out.write_text(json.dumps(report, indent=1) + "\n")
+        for side in SIDES:
+            spec = {"maker": side, "job": number, "steps": args.steps, "tokens": args.tokens}
+            spec |= {"dir": str(folder), "name": f"titan-{number:03d}-{side}"}
+            job = _titan_job(spec, args.job_limit_s)
+            report["jobs"].append(job)
+            line = f"job {number} {side}: {job['outcome']} in {job['wall_s']} s"
+            line += f" {job['message'] or ''}"
+            print(f"[{time.monotonic() - t0:6.0f} s] {line}", file=sys.stderr, flush=True)
+            report["rates"] = rates(report["jobs"])
+            out.write_text(json.dumps(report, indent=1) + "\n")
     if report["jobs"]:
         print(summary(report))
     print(f"report: {out}")
