@@ -19,7 +19,7 @@ from pathlib import Path
 from . import torch_ref
 from .counting import CountingStore, agree_call, delta, per_call, sentinels, watch_call
 from .shared import Json
-from .work import OPS, RECIPES, hit_times, hit_work, three_axes
+from .work import OPS, RECIPES, hit_timer, three_axes
 
 # world_1d first: later, a flatten of the 5-d mesh may cover the world in rank order
 # (then fmesh's memo already holds that axis).
@@ -82,8 +82,7 @@ def realize(spec: Json) -> Json:
     for name in PHASES[impl]:
         out[name] = phase(functools.partial(recipe, name))
     dist.barrier()
-    work = hit_work(impl, three_axes(shape), spec["rounds"])
-    out["hit"] = phase(lambda: hit_times(work, spec["rounds"], spec["budget_s"]))
+    out["hit"] = phase(hit_timer(impl, three_axes(shape), spec["rounds"], spec["budget_s"]))
     dist.barrier()
     return {impl: out}
 
