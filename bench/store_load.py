@@ -53,14 +53,13 @@ PHASES = ("fmesh-gloo", "torch-gloo", "fmesh-nccl", "torch-nccl", "barrier")
 # ``groups._new_group``'s error path). When the watch changes, re-point these two functions.
 
 
-def setup_process(ranks: list[int]) -> None:
+def setup_process() -> None:
     """Once per crowd process: its sentinel, shared by its simulated ranks as by threads
     of one process (one per simulated rank would measure process scheduling, not the
     store); the victim is alone in its crowd, so killing it ends its sentinel too."""
     from fmesh._protocol import sentinel
 
-    if ranks:
-        _ = sentinel.mine().address  # waits for its port
+    _ = sentinel.mine().address  # waits for its port
 
 
 _prepared: set[int] = set()
@@ -87,34 +86,33 @@ def fmesh_call(
         liveness.prepare(store, rank)
         _prepared.add(rank)
 
-    def record() -> agreement.Record:
-        return agreement.Record(rank, CODE, "the store-load benchmark", "")
-
     # fmt: off
-    ticket = agreement.agree(store, rank=rank, ranks=range(world), code=CODE, record=record,
-                             timeout=TIMEOUT, prefix=f"{agreement.KEY_ROOT}{prefix}",
-                             where="a store-load call", closing=True)
+    ticket = agreement.agree(
+        store, rank=rank, ranks=range(world), code=CODE,
+        record=lambda: agreement.Record(rank, CODE, "the store-load benchmark", ""),
+        timeout=TIMEOUT, prefix=f"{agreement.KEY_ROOT}{prefix}", where="a store-load call",
+        closing=True,
+    )
     # fmt: on
     liveness.after_agreement(ticket)
     watch = liveness.start(ticket, timeout)
+    assert watch is not None  # agreed with a closing barrier, among several ranks
     try:
         with liveness.active(watch):
             try:
                 create(liveness.store_for_creation(store, backend))
             except Exception as err:
-                found = None if watch is None else watch.error("creating a group", err)
+                found = watch.error("creating a group", err)
                 if found is None:
                     raise
                 raise found from err
-            if watch is not None:
-                watch.finish(2 * TIMEOUT)
+            watch.finish(2 * TIMEOUT)
     except BaseException as err:
-        if watch is not None and not isinstance(err, PeerLostError):
+        if not isinstance(err, PeerLostError):
             watch.fail(err)
         raise
     finally:
-        if watch is not None:
-            watch.close()
+        watch.close()
 
 
 # == end of the adapter ====================================================================
@@ -227,7 +225,7 @@ def serve_crowd(spec: Json, conn: Connection) -> None:
     for r in spec["ranks"]:  # torch's client shares the fmesh client's counter
         own = OwnClient(torch_ref.tcp_store(spec["port"], None, TIMEOUT))
         clients[r] = (own, OwnClient(torch_ref.tcp_store(spec["port"], None, TIMEOUT), own))
-    setup_process(spec["ranks"])
+    setup_process()
     reply(conn, len(clients))
 
     def total() -> int:
