@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import torch_ref
-from .counting import CountingStore, agree_call, delta, per_call, sentinels, watch_call
+from .counting import CountingStore, by_call, delta
 from .shared import Json
 from .work import OPS, RECIPES, hit_timer, three_axes
 
@@ -63,12 +63,11 @@ def realize(spec: Json) -> Json:
         result["groups"] = torch_ref.group_counters()[0] - groups0
         result["created"] = fmesh.cache_stats().created - created0
         if count:
-            added = delta(store.key_snapshot(), keys)
-            calls, watched = per_call(added, agree_call), per_call(added, watch_call)
+            calls, watched, sentinels = by_call(delta(store.key_snapshot(), keys))
             result["requests"] = sum(delta(store.snapshot(), counts).values())
             result["agree"], result["agreements"] = sum(calls.values()), len(calls)
             result["agree_max"] = max(calls.values(), default=0)
-            result["watch"] = sum(watched.values()) + sentinels(added)
+            result["watch"] = sum(watched.values()) + sentinels
             result["watches"] = len(watched)
         dist.barrier()
         result["keys"] = raw.num_keys() - keys0 if rank == 0 else 0
