@@ -39,12 +39,8 @@ def realize(spec: Json) -> Json:
     import fmesh
     from fmesh._protocol.agreement import count_keys
 
-    rank, impl, shape, count = (
-        int(os.environ["RANK"]),
-        spec["impl"],
-        spec["shape"],
-        spec["count"],
-    )
+    rank, impl = int(os.environ["RANK"]), spec["impl"]
+    shape, count = spec["shape"], spec["count"]
     given = torch_ref.init_gloo(spec, CountingStore if count else None)
     store = given if count else CountingStore(given)
     raw = store.inner
