@@ -103,14 +103,11 @@ def _builder(spec: Json) -> Callable[[int], Callable[[], object]]:
 
 
 def build(spec: Json) -> Json:
-    """One library's build (``spec["what"]``): as rank 0 of a fake world of
-    ``spec["world"]`` ranks, after a warm-up on a small one, or on one rank of a gloo
-    job, between barriers. Its wall time and process CPU time; groups the rank holds
-    and group-creation calls (torch: ``new_group`` calls; fmesh: groups it created),
-    the peak RSS's growth and the process's peak; with ``creation``, torch
-    ``new_group`` calls and groups constructed, counted as they are made; with
-    ``trace``, tracemalloc's retained and peak bytes; with ``again``, the same call
-    again, per call."""
+    """One library's build (``spec["what"]``): as rank 0 of a fake world, after a
+    warm-up on a small one, or on one rank of a gloo job, between barriers. Its times,
+    groups, group-creation calls (torch: ``new_group`` calls; fmesh: groups it created)
+    and RSS; with ``creation``, torch's calls counted as they are made; with ``trace``,
+    tracemalloc's bytes; with ``again``, the same call again."""
     import torch.distributed as dist
 
     impl, world, gloo = spec["impl"], spec["world"], "port" in spec
