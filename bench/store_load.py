@@ -2,14 +2,10 @@
 (``docs/design/store-load.md`` explains the phases and the rows).
 
 One real ``TCPStore`` server, alone in its process, reports its CPU time (every
-thread) when asked. N simulated ranks are real client connections: a few *crowd*
-processes, each with one thread and two clients (fmesh's, torch's) per simulated rank,
-and one more crowd holding the *victim*, whose process is SIGKILLed in the last phase.
-Every client counts its requests as they go on the wire. A phase is ``calls`` creating
-calls on every rank, each in one group of ``group`` ranks: fmesh's real agreement and
-peer watch around the requests its backend's rendezvous sends (``fmesh``), the same
-requests alone (``torch``), torch's opt-in ``_store_based_barrier`` (``barrier``), and
-last every rank waiting while the victim is killed (``find``).
+thread) when asked. N simulated ranks are real client connections counting their
+requests: a few *crowd* processes, each with one thread and two clients (fmesh's,
+torch's) per simulated rank, and one more crowd holding the *victim*, whose process is
+SIGKILLed in the last phase (``find``).
 """
 
 from __future__ import annotations
@@ -119,7 +115,7 @@ def fmesh_call(
 
 
 def rendezvous(store: Any, backend: str, prefix: str, members: list[int], rank: int) -> None:
-    """The store requests a group's creation sends on ``rank`` (see the module doc)."""
+    """The store requests a group's creation sends on ``rank`` (the design page's table)."""
     me = members.index(rank)
     if backend == "nccl":
         if me == 0:
@@ -139,7 +135,7 @@ class OwnClient(CountingStore):
 
 
 def one_call(phase: str, client: OwnClient, r: int, tag: str, spec: Json) -> None:
-    """One creating call of simulated rank ``r`` in ``phase`` (see the module doc)."""
+    """One creating call of simulated rank ``r`` in ``phase``."""
     world, group = spec["world"], spec["group"]
     first = r - r % group
     members = list(range(first, min(first + group, world)))
