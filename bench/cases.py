@@ -9,12 +9,10 @@ every size. ``python -m bench --section NAME`` runs the cases of one name. A met
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from . import jobs, store_load, titan, work
 from .runners import Case, PerMode, extrapolate
 from .runners import Metric as M
+from .shared import Json
 
 # fmt: off
 MODES = ("full", "quick", "smoke")
@@ -33,51 +31,35 @@ TITAN_TORCH_K: PerMode = {"full": (7, 3), "quick": (3, 2)}
 """Fresh processes per size; torch's build at 2^17 takes seconds: fewer there."""
 THREE: PerMode = {"full": 3}
 GLOO_REPEATS: PerMode = {"full": (7, 5, 3)}
-REPEAT = {"full": 9, "quick": 3, "smoke": 2}
-"""Timed batches of a repeated call (pure ops, to_device_mesh, the drop-in)."""
-TARGET_S = {"full": 0.03, "quick": 0.02, "smoke": 0.002}
-"""Length of one timed batch."""
-ROOTS = {"full": 1000, "quick": 1000, "smoke": 600}
+BATCHES = {"full": {"repeats": 9, "target_s": 0.03}, "quick": {"repeats": 3, "target_s": 0.02},
+           "smoke": {"repeats": 2, "target_s": 0.002}}
+"""Timed batches of a repeated call (pure ops, to_device_mesh, the drop-in), and the
+length of one."""
+HITS = {"full": {"rounds": 1000, "budget_s": 0.3}, "quick": {"rounds": 300, "budget_s": 0.1},
+        "smoke": {"rounds": 20, "budget_s": 0.01}}
+"""Rounds of the memo-hit workload, and the time after which torch's stops adding rounds."""
+ROOTS = {"full": {"roots": 1000}, "quick": {"roots": 1000}, "smoke": {"roots": 600}}
 """Roots per half of the distinct-names workload: more than fill fmesh's bounded tables
 (1,024 entries each), so the second half shows what stays."""
-HIT = {"full": (1000, 0.3), "quick": (300, 0.1), "smoke": (20, 0.01)}
-"""Rounds of the memo-hit workload, and the time after which torch's stops adding rounds."""
+CALLS: dict[str, Json] = {"full": {"calls": 3}, "quick": {"calls": 2},
+         "smoke": {"calls": 2, "steady_s": 1.0, "timeout_s": 6.0}}
+"""Store-load calls per phase; a smoke run finds the dead rank sooner (a shorter timeout)."""
 # fmt: on
-Spec = Callable[[str, Any], dict[str, object]]
-
-
-def given(**fixed: object) -> Spec:  # the same spec at every mode and size
-    return lambda mode, size: dict(fixed)
-
-
-def batches(**fixed: object) -> Spec:
-    return lambda mode, size: {"repeats": REPEAT[mode], "target_s": TARGET_S[mode], **fixed}
-
-
-def hit_spec(mode: str, size: object) -> dict[str, object]:
-    return {"rounds": HIT[mode][0], "budget_s": HIT[mode][1]}
-
-
-def store_spec(mode: str, size: object) -> dict[str, object]:
-    """Calls per phase; a smoke run finds the dead rank sooner (a shorter timeout)."""
-    if mode == "smoke":
-        return {"calls": 2, "steady_s": 1.0, "timeout_s": 6.0}
-    return {"calls": 3 if mode == "full" else 2}
 
 
 def realize_metrics(key: str, label: str, torch: str) -> tuple[M, ...]:
-    t = f"torch: {torch}"
+    baseline = f"torch: {torch}"
     # fmt: off
     return (
-        M(f"fake.{key}.seconds", "seconds", f"{label}: wall time", t),
+        M(f"fake.{key}.seconds", "seconds", f"{label}: wall time", baseline),
         M(f"fake.{key}.groups", "groups", f"{label}: groups the rank holds",
-          f"{t}; torch registers only the groups the rank is in", "count"),
+          f"{baseline}; torch registers only the groups the rank is in", "count"),
         M(f"fake.{key}.calls", "calls", f"{label}: group-creation calls by the rank",
-          f"{t}; torch: new_group calls (every subgroup of the world); fmesh: groups it "
-          "created", "count"),
+          f"{baseline}; torch: new_group calls (every subgroup of the world); fmesh: "
+          "groups it created", "count"),
         M(f"fake.{key}.rss_peak_delta", "rss_peak_delta", f"{label}: peak RSS growth",
-          f"{t}; fresh process, kernel peak-RSS mark reset before; counts C++ allocations "
-          "too", "B", resolution=2**20),
+          f"{baseline}; fresh process, kernel peak-RSS mark reset before; counts C++ "
+          "allocations too", "B", resolution=2**20),
     )
     # fmt: on
 
@@ -123,6 +105,8 @@ HIT_FRESH = (
     "(construction not timed); torch: the same 8 expressions as above"
 )
 DROPIN = "torch: torch.distributed.device_mesh.init_device_mesh, same arguments"
+DROPIN_FAKE = f"fmesh: fmesh.device_mesh.init_device_mesh; {DROPIN}"
+DROPIN_GLOO = f"real gloo processes; {DROPIN}"
 SUB = "DeviceMesh of the `dp_shard`, `tp` sub-mesh"
 INTEROP = (
     "fmesh: to_device_mesh('cpu') of the realized slice (its realize, a memo hit, took "
@@ -202,26 +186,26 @@ CASES: tuple[Case, ...] = (
           "construction and slice runs"),
         M("pure.coordinate_cached", "coordinate_cached", "coordinate of a rank, torch cached",
           "torch: get_coordinate() returns the tuple cached at construction"),
-    ), WORLDS, spec=batches(), both=True),
+    ), WORLDS, per_mode=BATCHES, both=True),
     Case("fake", "realize (fake)", "fake", work.build,
          realize_metrics("trainer5", NEW, "init_device_mesh + 3 _flatten calls"),
-         WORLDS, {"full": 5}, spec=given(what="trainer5"), timeout_s=300.0),
+         WORLDS, {"full": 5}, spec={"what": "trainer5"}, timeout_s=300.0),
     Case("fake", "realize (fake)", "fake", work.build, realize_metrics(
         "titan", "torchtitan's trainer meshes (world, dense, expert, 3 flattens)",
         "1-d init_device_mesh, _unflatten into dense and expert views, 3 _flatten calls",
-    ), BIG, THREE, spec=given(what="titan"), timeout_s=300.0),
+    ), BIG, THREE, spec={"what": "titan"}, timeout_s=300.0),
     Case("fake", "interop (fake)", "fake", work.interop, (
         M("interop.sub_device_mesh.first", "first", f"{SUB}: first call",
           f"{INTEROP}; fresh process, one call each (median over processes)"),
         M("interop.sub_device_mesh.repeat", "repeat", f"{SUB}: repeated calls",
           f"{INTEROP}; median of batches"),
-    ), BIG, THREE, spec=batches(), both=True, timeout_s=300.0),
+    ), BIG, THREE, per_mode=BATCHES, both=True, timeout_s=300.0),
     Case("hits", "memo hit (fake)", "fake", work.hits, (
         M("fake.hit.seconds", "same", HIT_LABEL, f"{{shape}} mesh; {HIT_SAME}",
           every_size=True),
         M("fake.hit_fresh.seconds", "fresh", FRESH_LABEL, f"{{shape}} mesh; {HIT_FRESH}",
           torch="same"),
-    ), WORLDS, spec=hit_spec, both=True),
+    ), WORLDS, per_mode=HITS, both=True),
     Case("gloo", "realize (gloo)", "gloo", jobs.realize, (
         M("gloo.trainer5.seconds", "new.seconds", f"{NEW}: wall time, max over ranks",
           f"real gloo processes; {TORCH_RECIPE}", every_size=True),
@@ -269,22 +253,23 @@ CASES: tuple[Case, ...] = (
         M("gloo.hit.requests", "hit.requests", "memo hit: store requests per call",
           "every call of both hit rows on every rank, counted on the wire", "count",
           "per:hit.calls", counted=True),
-    ), GLOO, GLOO_REPEATS, spec=hit_spec, timeout_s=300.0),
+    ), GLOO, GLOO_REPEATS, per_mode=HITS, timeout_s=300.0),
     Case("store_load", "store load", "store", None, STORE, store_load.SIZES,
-         spec=store_spec, after=extrapolate),
+         per_mode=CALLS, after=extrapolate),
     Case("dropin", "drop-in (fake)", "fake", work.build, (
-        M("dropin.fake.first", "seconds", f"{DM5}: first call", "fmesh: fmesh.device_mesh."
-          f"init_device_mesh; {DROPIN}; fresh process (median over processes)"),
-        M("dropin.fake.repeat", "repeat", f"{DM5}: the same call again", "fmesh: fmesh."
-          f"device_mesh.init_device_mesh; {DROPIN}; per call; fmesh: a memo hit"),
-    ), BIG, THREE, spec=batches(what="dropin", again=True), timeout_s=300.0),
+        M("dropin.fake.first", "seconds", f"{DM5}: first call",
+          f"{DROPIN_FAKE}; fresh process (median over processes)"),
+        M("dropin.fake.repeat", "repeat", f"{DM5}: the same call again",
+          f"{DROPIN_FAKE}; per call; fmesh: a memo hit"),
+    ), BIG, THREE, spec={"what": "dropin", "again": True}, per_mode=BATCHES,
+         timeout_s=300.0),
     Case("dropin", "drop-in (gloo)", "gloo", work.build, (
         M("dropin.gloo.first", "seconds", f"{DM5}: first call: wall time, max over ranks",
-          f"real gloo processes; {DROPIN}", every_size=True),
+          DROPIN_GLOO, every_size=True),
         M("dropin.gloo.repeat", "repeat",
           f"{DM5}: the same call again: per call, max over ranks",
-          f"real gloo processes; {DROPIN}; fmesh: a memo hit", every_size=True),
-    ), GLOO, GLOO_REPEATS, spec=given(what="dropin", again=50), timeout_s=300.0),
+          f"{DROPIN_GLOO}; fmesh: a memo hit", every_size=True),
+    ), GLOO, GLOO_REPEATS, spec={"what": "dropin", "again": 50}, timeout_s=300.0),
     Case("elastic", "elastic (gloo)", "gloo", jobs.elastic, (
         M("elastic.recovery.seconds", "cost", "a SIGKILLed rank: failed collective to the "
           "first good step after it, less recover's wait, slowest survivor",
@@ -299,7 +284,7 @@ CASES: tuple[Case, ...] = (
           "fake backend; each root (2x4) built, _flatten-ed and _unflatten-ed under new "
           "names, then dropped; tracemalloc's current size after {roots2} roots less after "
           "{roots}; torch's groups of every root stay registered", "B"),
-    ), {mode: (8,) for mode in MODES}, spec=lambda mode, _: {"roots": ROOTS[mode]},
+    ), {mode: (8,) for mode in MODES}, per_mode=ROOTS,
          skip_torch={"smoke": "skipped in smoke mode (a minute of torch new_group calls)"},
          timeout_s=300.0),
     Case("memory", "memory", "fake", work.value_size, (
@@ -316,16 +301,16 @@ CASES: tuple[Case, ...] = (
           f"realized mesh + 3 flattens: tracemalloc {what}", "fake backend; torch: "
           "init_device_mesh + 3 _flatten calls; Python allocations only", "B")
         for what in ("retained", "peak")
-    ), LARGEST, spec=given(what="trainer5", trace=True), timeout_s=300.0),
+    ), LARGEST, spec={"what": "trainer5", "trace": True}, timeout_s=300.0),
     *(Case("titan", "torchtitan (fake)", "fake", work.build,
            titan_metrics(key, FRESH, spmd), TITAN_FAKE, TITAN_K, TITAN_TORCH_K,
-           spec=given(what="torchtitan", spmd=spmd, creation=True, freeze=True),
+           spec={"what": "torchtitan", "spmd": spmd, "creation": True, "freeze": True},
            after=titan.growth, interleave=True)
       for key, spmd in (("fake", "spmd_types"), ("partial_dtensor", "partial_dtensor"))),
     Case("titan", "torchtitan (gloo)", "gloo", work.build,
          titan_metrics("gloo", "real gloo, slowest rank"),
          {"full": (4, 8, 16), "quick": (4,), "smoke": (4,)}, {"full": 2},
-         spec=given(what="torchtitan", spmd="spmd_types", creation=True)),
+         spec={"what": "torchtitan", "spmd": "spmd_types", "creation": True}),
     Case("plan", "plan (fake)", "fake", jobs.plan, (
         M("plan.titan.seconds", "seconds", f"{PLAN}, wall time",
           "the whole command as a subprocess, importing torch included; each rank on a "

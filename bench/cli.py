@@ -8,6 +8,7 @@
     python -m bench --render   # re-render results.md and docs/benchmarks.md from results.json
     python -m bench --check    # exit 1 unless both are what results.json renders
     python -m bench --section titan   # the cases of one name (bench/cases.py)
+    python -m bench --out DIR  # the results to DIR; nothing committed is rewritten
 
 ``--section NAME`` runs the cases named NAME alone. At full size it replaces their
 sections' rows in the committed ``results.json`` (appended when new), notes the run in
@@ -92,14 +93,10 @@ def merge(committed: Json, part: Json) -> Json:
     run is noted in ``machine["merged"]``."""
     new_rows: list[Json] = part["rows"]
     sections = {r["section"] for r in new_rows}
-    rows: list[Json] = []
-    placed = False
-    for row in committed["rows"]:
-        if row["section"] not in sections:
-            rows.append(row)
-        elif not placed:
-            rows, placed = rows + new_rows, True
-    rows += [] if placed else new_rows
+    rows = [r for r in committed["rows"] if r["section"] not in sections]
+    old = [i for i, r in enumerate(committed["rows"]) if r["section"] in sections]
+    at = old[0] if old else len(rows)  # where the sections' old rows began
+    rows[at:at] = new_rows
     keep = ("command", "date", "seconds", "loadavg_start", "loadavg_end", "torch", "fmesh")
     run = {k: part["machine"][k] for k in keep}
     machine = dict(committed["machine"])
@@ -270,19 +267,13 @@ def check(json_path: Path, page: Path) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench", description=__doc__.split("\n")[0]
+        "python -m bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     what = parser.add_mutually_exclusive_group()
-    what.add_argument("--quick", action="store_true", help="smaller sizes -> bench/out/")
-    what.add_argument("--smoke", action="store_true", help="tiny sizes -> bench/out/")
-    what.add_argument("--render", action="store_true", help="re-render from results.json")
-    what.add_argument("--check", action="store_true", help="exit 1 unless rendered")
-    parser.add_argument("--section", choices=sorted({c.name for c in CASES}),
-                        help="run the cases of one name; at full size, merge them into "
-                        "the committed results and re-render")  # fmt: skip
-    parser.add_argument("--out", type=Path, help="folder for the results (default: bench/ "
-                        "for a full run, which also rewrites docs/benchmarks.md; bench/out/ "
-                        "otherwise)")  # fmt: skip
+    for flag in ("--quick", "--smoke", "--render", "--check"):
+        what.add_argument(flag, action="store_true")
+    parser.add_argument("--section", choices=sorted({c.name for c in CASES}))
+    parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.check:
         problems = check(RESULTS, PAGE)

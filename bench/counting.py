@@ -42,31 +42,18 @@ def delta(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]
     return {k: n for k, n in out.items() if n}
 
 
-def per_call(keys: Mapping[str, int], call: Callable[[str], str | None]) -> dict[str, int]:
-    """Requests per call: the per-key counts ``keys`` summed by ``call(key)`` (the
-    call a key belongs to, ``None`` for keys of no call)."""
-    out: Counter[str] = Counter()
+def by_call(keys: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int], int]:
+    """Of per-key request counts: the agreement's requests per call (by the prefix every
+    key of one call shares), the peer watch's per call (by the agreement prefix before
+    ``/w/``), and the requests on sentinel addresses (they belong to no one call)."""
+    agree: Counter[str] = Counter()
+    watch: Counter[str] = Counter()
     for key, n in keys.items():
-        if (which := call(key)) is not None:
-            out[which] += n
-    return dict(out)
-
-
-def agree_call(key: str) -> str | None:
-    """The call of an agreement key: its prefix (every key of one call shares it);
-    ``None`` for the watch's keys (:func:`watch_call`) and other keys."""
-    return key.rpartition("/")[0] if kind(key) == "agree" else None
-
-
-def watch_call(key: str) -> str | None:
-    """The call of a watch key (the agreement prefix before ``/w/``), else ``None``
-    (sentinel addresses too: they belong to no one call)."""
-    return key.partition(WATCH)[0] if kind(key) == "watch" and WATCH in key else None
-
-
-def sentinels(keys: Mapping[str, int]) -> int:
-    """Requests on the sentinel-address keys among ``keys`` (per-key counts)."""
-    return sum(n for key, n in keys.items() if SENTINELS in key)
+        if kind(key) == "agree":
+            agree[key.rpartition("/")[0]] += n
+        elif kind(key) == "watch" and WATCH in key:  # not a sentinel address
+            watch[key.partition(WATCH)[0]] += n
+    return dict(agree), dict(watch), sum(n for key, n in keys.items() if SENTINELS in key)
 
 
 class CountingStore(Store):

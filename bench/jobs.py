@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import torch_ref
-from .counting import CountingStore, agree_call, delta, per_call, sentinels, watch_call
+from .counting import CountingStore, by_call, delta
 from .shared import Json
-from .work import OPS, RECIPES, hit_times, hit_work, three_axes
+from .work import OPS, RECIPES, hit_timer, three_axes
 
 # world_1d first: later, a flatten of the 5-d mesh may cover the world in rank order
 # (then fmesh's memo already holds that axis).
@@ -39,12 +39,8 @@ def realize(spec: Json) -> Json:
     import fmesh
     from fmesh._protocol.agreement import count_keys
 
-    rank, impl, shape, count = (
-        int(os.environ["RANK"]),
-        spec["impl"],
-        spec["shape"],
-        spec["count"],
-    )
+    rank, impl = int(os.environ["RANK"]), spec["impl"]
+    shape, count = spec["shape"], spec["count"]
     given = torch_ref.init_gloo(spec, CountingStore if count else None)
     store = given if count else CountingStore(given)
     raw = store.inner
@@ -63,12 +59,11 @@ def realize(spec: Json) -> Json:
         result["groups"] = torch_ref.group_counters()[0] - groups0
         result["created"] = fmesh.cache_stats().created - created0
         if count:
-            added = delta(store.key_snapshot(), keys)
-            calls, watched = per_call(added, agree_call), per_call(added, watch_call)
+            calls, watched, sentinels = by_call(delta(store.key_snapshot(), keys))
             result["requests"] = sum(delta(store.snapshot(), counts).values())
             result["agree"], result["agreements"] = sum(calls.values()), len(calls)
             result["agree_max"] = max(calls.values(), default=0)
-            result["watch"] = sum(watched.values()) + sentinels(added)
+            result["watch"] = sum(watched.values()) + sentinels
             result["watches"] = len(watched)
         dist.barrier()
         result["keys"] = raw.num_keys() - keys0 if rank == 0 else 0
@@ -82,8 +77,7 @@ def realize(spec: Json) -> Json:
     for name in PHASES[impl]:
         out[name] = phase(functools.partial(recipe, name))
     dist.barrier()
-    work = hit_work(impl, three_axes(shape), spec["rounds"])
-    out["hit"] = phase(lambda: hit_times(work, spec["rounds"], spec["budget_s"]))
+    out["hit"] = phase(hit_timer(impl, three_axes(shape), spec["rounds"], spec["budget_s"]))
     dist.barrier()
     return {impl: out}
 

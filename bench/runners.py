@@ -56,7 +56,8 @@ class Case:
     sizes: Mapping[str, tuple[Any, ...]]  # per mode: world sizes, or gloo jobs' shapes
     repeats: PerMode = field(default_factory=dict)  # per mode (1 where absent), or size
     torch_repeats: PerMode = field(default_factory=dict)  # where torch runs fewer times
-    spec: Callable[[str, Any], Json] = lambda mode, size: {}
+    spec: Json = field(default_factory=dict)  # what the worker is given in every mode
+    per_mode: Mapping[str, Json] = field(default_factory=dict)  # and in each mode
     impls: tuple[str, ...] = IMPLS
     both: bool = False  # the worker measures both libraries in one process
     skip_torch: Mapping[str, str] = field(default_factory=dict)  # modes that do, and why
@@ -75,6 +76,9 @@ class Case:
 
         repeats = each(self.repeats, 1)
         return list(zip(sizes, repeats, each(self.torch_repeats, repeats), strict=True))
+
+    def spec_in(self, mode: str) -> Json:
+        return {**self.spec, **self.per_mode.get(mode, {})}
 
     @property
     def raw_key(self) -> str:  # where the raw runs go: its metrics' common key
@@ -102,7 +106,7 @@ def run_jobs(b: Bench, case: Case, plan: list[tuple[Any, int, int]]) -> list[Jso
                 if impl == "torch" and (skipped or i - counting >= torch_repeats):
                     continue
                 world = ranks_of(size)
-                spec = {**case.spec(b.mode, size), "impl": impl, "count": i < counting}
+                spec = case.spec_in(b.mode) | {"impl": impl, "count": i < counting}
                 spec |= {"world": world, "shape": size}
                 if case.runner == "gloo":
                     job = run_gloo_job(case.worker, world, spec, case.timeout_s, case.may_die)
@@ -182,8 +186,8 @@ def run_case(b: Bench, case: Case) -> None:
         if case.runner == "store":
             from .store_load import measure
 
-            spec = case.spec(b.mode, size)
-            got = raw[label] = {"runs": measure(size, repeats, **spec), "skipped": None}
+            measured = measure(size, repeats, **case.spec_in(b.mode))
+            got = raw[label] = {"runs": measured, "skipped": None}
         elif together is not None:
             got = raw[label] = together[k]
         else:

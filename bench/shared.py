@@ -12,6 +12,7 @@ import math
 import statistics
 import sys
 import time
+import timeit
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -124,17 +125,10 @@ def fmt_ratio(ratio: float | None) -> str:
 
 
 def time_batch(fn: Callable[[], object], n: int) -> float:
-    """Seconds per call over ``n`` calls, timeit-style: collector off in the batch,
-    after a full collection (so neither library pays for the other's garbage)."""
+    """Seconds per call over ``n`` calls, after a full collection (so neither library
+    pays for the other's garbage); timeit keeps the collector off in the batch."""
     gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return (time.perf_counter() - start) / n
-    finally:
-        gc.enable()
+    return timeit.Timer(fn).timeit(n) / n
 
 
 def calibrate(fn: Callable[[], object], target_s: float, max_n: int) -> int:

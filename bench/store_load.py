@@ -2,14 +2,10 @@
 (``docs/design/store-load.md`` explains the phases and the rows).
 
 One real ``TCPStore`` server, alone in its process, reports its CPU time (every
-thread) when asked. N simulated ranks are real client connections: a few *crowd*
-processes, each with one thread and two clients (fmesh's, torch's) per simulated rank,
-and one more crowd holding the *victim*, whose process is SIGKILLed in the last phase.
-Every client counts its requests as they go on the wire. A phase is ``calls`` creating
-calls on every rank, each in one group of ``group`` ranks: fmesh's real agreement and
-peer watch around the requests its backend's rendezvous sends (``fmesh``), the same
-requests alone (``torch``), torch's opt-in ``_store_based_barrier`` (``barrier``), and
-last every rank waiting while the victim is killed (``find``).
+thread) when asked. N simulated ranks are real client connections counting their
+requests: a few *crowd* processes, each with one thread and two clients (fmesh's,
+torch's) per simulated rank, and one more crowd holding the *victim*, whose process is
+SIGKILLed in the last phase (``find``).
 """
 
 from __future__ import annotations
@@ -53,14 +49,13 @@ PHASES = ("fmesh-gloo", "torch-gloo", "fmesh-nccl", "torch-nccl", "barrier")
 # ``groups._new_group``'s error path). When the watch changes, re-point these two functions.
 
 
-def setup_process(ranks: list[int]) -> None:
+def setup_process() -> None:
     """Once per crowd process: its sentinel, shared by its simulated ranks as by threads
     of one process (one per simulated rank would measure process scheduling, not the
     store); the victim is alone in its crowd, so killing it ends its sentinel too."""
     from fmesh._protocol import sentinel
 
-    if ranks:
-        _ = sentinel.mine().address  # waits for its port
+    _ = sentinel.mine().address  # waits for its port
 
 
 _prepared: set[int] = set()
@@ -87,41 +82,40 @@ def fmesh_call(
         liveness.prepare(store, rank)
         _prepared.add(rank)
 
-    def record() -> agreement.Record:
-        return agreement.Record(rank, CODE, "the store-load benchmark", "")
-
     # fmt: off
-    ticket = agreement.agree(store, rank=rank, ranks=range(world), code=CODE, record=record,
-                             timeout=TIMEOUT, prefix=f"{agreement.KEY_ROOT}{prefix}",
-                             where="a store-load call", closing=True)
+    ticket = agreement.agree(
+        store, rank=rank, ranks=range(world), code=CODE,
+        record=lambda: agreement.Record(rank, CODE, "the store-load benchmark", ""),
+        timeout=TIMEOUT, prefix=f"{agreement.KEY_ROOT}{prefix}", where="a store-load call",
+        closing=True,
+    )
     # fmt: on
     liveness.after_agreement(ticket)
     watch = liveness.start(ticket, timeout)
+    assert watch is not None  # agreed with a closing barrier, among several ranks
     try:
         with liveness.active(watch):
             try:
                 create(liveness.store_for_creation(store, backend))
             except Exception as err:
-                found = None if watch is None else watch.error("creating a group", err)
+                found = watch.error("creating a group", err)
                 if found is None:
                     raise
                 raise found from err
-            if watch is not None:
-                watch.finish(2 * TIMEOUT)
+            watch.finish(2 * TIMEOUT)
     except BaseException as err:
-        if watch is not None and not isinstance(err, PeerLostError):
+        if not isinstance(err, PeerLostError):
             watch.fail(err)
         raise
     finally:
-        if watch is not None:
-            watch.close()
+        watch.close()
 
 
 # == end of the adapter ====================================================================
 
 
 def rendezvous(store: Any, backend: str, prefix: str, members: list[int], rank: int) -> None:
-    """The store requests a group's creation sends on ``rank`` (see the module doc)."""
+    """The store requests a group's creation sends on ``rank`` (the design page's table)."""
     me = members.index(rank)
     if backend == "nccl":
         if me == 0:
@@ -141,7 +135,7 @@ class OwnClient(CountingStore):
 
 
 def one_call(phase: str, client: OwnClient, r: int, tag: str, spec: Json) -> None:
-    """One creating call of simulated rank ``r`` in ``phase`` (see the module doc)."""
+    """One creating call of simulated rank ``r`` in ``phase``."""
     world, group = spec["world"], spec["group"]
     first = r - r % group
     members = list(range(first, min(first + group, world)))
@@ -227,7 +221,7 @@ def serve_crowd(spec: Json, conn: Connection) -> None:
     for r in spec["ranks"]:  # torch's client shares the fmesh client's counter
         own = OwnClient(torch_ref.tcp_store(spec["port"], None, TIMEOUT))
         clients[r] = (own, OwnClient(torch_ref.tcp_store(spec["port"], None, TIMEOUT), own))
-    setup_process(spec["ranks"])
+    setup_process()
     reply(conn, len(clients))
 
     def total() -> int:

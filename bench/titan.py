@@ -1,17 +1,11 @@
 """torchtitan's ``ParallelDims.build_mesh`` through the one-import change, against torch.
 
-The recipe is ``torchtitan_build_mesh`` of ``examples/parallel_dims.py``: torchtitan's
-(commit b5bcd76c6) call for call, with either ``spmd_backend`` (``spmd_types``, its
-default, or ``partial_dtensor``: a dense mesh with ``fsdp``, no forward/backward mesh):
-a 1-d world mesh from ``init_device_mesh``, ``_unflatten`` calls of it with
-``backend_override={dim: "fake"}`` for the dims torchtitan keeps without a real group,
-one ``_flatten`` of a slice, and the slices it keeps. The two sides differ only in which
-``init_device_mesh`` makes the world mesh: torch's, or
-``fmesh.device_mesh.init_device_mesh`` (the change a trainer makes by one import).
-Every call after it is torch's own ``DeviceMesh`` method, so these rows measure
-whatever fmesh does, or does not do, for meshes it made. Each run also describes every
-mesh built (ranks, local rank, group ranks), so the runner checks that both libraries
-built the same ones. The worker is :func:`bench.work.build`.
+The recipe is ``torchtitan_build_mesh`` of ``examples/parallel_dims.py``, torchtitan's
+call for call. The two sides differ only in which ``init_device_mesh`` makes the world
+mesh: torch's, or ``fmesh.device_mesh.init_device_mesh`` (the change a trainer makes by
+one import). Every call after it is torch's own ``DeviceMesh`` method, so these rows
+measure whatever fmesh does, or does not do, for meshes it made. Each run also
+describes every mesh it built, so the runner checks that both libraries built the same.
 """
 
 from __future__ import annotations
@@ -105,11 +99,8 @@ def summary(meshes: Any, world: int) -> Json:
 
 def growth(rows: list[Row]) -> list[Row]:
     """Per library, the median wall time (``growth``) and the least process CPU time
-    (``cpu_growth``) at the largest world over that at the smallest: 1x is flat in the
-    world size. On a shared machine a fresh process's time for the same work varies up
-    to 2x with what other tenants run (CPU time as much as wall time), at any size;
-    that noise only adds time, so the least of K processes is the work itself (as
-    ``timeit`` reports its best)."""
+    (``cpu_growth``) at the largest world over that at the smallest (the notes say
+    why the least)."""
 
     def over(a: float | None, b: float | None) -> float | None:
         return a / b if a is not None and b else None

@@ -103,14 +103,11 @@ def _builder(spec: Json) -> Callable[[int], Callable[[], object]]:
 
 
 def build(spec: Json) -> Json:
-    """One library's build (``spec["what"]``): as rank 0 of a fake world of
-    ``spec["world"]`` ranks, after a warm-up on a small one, or on one rank of a gloo
-    job, between barriers. Its wall time and process CPU time; groups the rank holds
-    and group-creation calls (torch: ``new_group`` calls; fmesh: groups it created),
-    the peak RSS's growth and the process's peak; with ``creation``, torch
-    ``new_group`` calls and groups constructed, counted as they are made; with
-    ``trace``, tracemalloc's retained and peak bytes; with ``again``, the same call
-    again, per call."""
+    """One library's build (``spec["what"]``): as rank 0 of a fake world, after a
+    warm-up on a small one, or on one rank of a gloo job, between barriers. Its times,
+    groups, group-creation calls (torch: ``new_group`` calls; fmesh: groups it created)
+    and RSS; with ``creation``, torch's calls counted as they are made; with ``trace``,
+    tracemalloc's bytes; with ``again``, the same call again."""
     import torch.distributed as dist
 
     impl, world, gloo = spec["impl"], spec["world"], "port" in spec
@@ -235,24 +232,30 @@ def hit_values(shape3: Sequence[int]) -> list[fmesh.Mesh]:
     return [m, m[a], m[b], m[c], m[a, b], m[b, c], *flats, fmesh.flatten(m, (a, b, c))]
 
 
-def hit_work(impl: str, shape3: Sequence[int], rounds: int) -> Json:
-    """What :func:`hit_times` calls, each called once before. fmesh: realize of the 9
-    values realized before, and of freshly built equal values; torch: the 8
-    slicing/_flatten expressions for the same sub-meshes of its own mesh."""
+def hit_timer(
+    impl: str, shape3: Sequence[int], rounds: int, budget_s: float
+) -> Callable[[], Json]:
+    """Memo hits, each call made once before; the returned function times them: the
+    median seconds of a call, and the calls made. fmesh: realize of the 9 values
+    realized before (``same``), and of freshly built equal values (``fresh``); torch:
+    the 8 slicing/_flatten expressions for the same sub-meshes of its own mesh."""
+    same: list[Callable[[], object]]
+    fresh: list[Callable[[], object]] = []
     if impl == "fmesh":
-        values = hit_values(shape3)
-        for v in values:
-            fmesh.realize(v)
-        fresh = [v for _ in range(rounds) for v in hit_values(shape3)]
-        return {
-            "same": [functools.partial(fmesh.realize, v) for v in values],
-            "fresh": [functools.partial(fmesh.realize, v) for v in fresh],
-        }
-    dm = torch_ref.init_mesh(shape3, NAMES3)
-    exprs = torch_ref.sub_mesh_exprs(dm, NAMES3)
-    for e in exprs:
-        e()
-    return {"same": exprs, "fresh": [], "keep": dm}
+        same = [functools.partial(fmesh.realize, v) for v in hit_values(shape3)]
+        built = [v for _ in range(rounds) for v in hit_values(shape3)]
+        fresh = [functools.partial(fmesh.realize, v) for v in built]
+    else:
+        same = torch_ref.sub_mesh_exprs(torch_ref.init_mesh(shape3, NAMES3), NAMES3)
+    for call in same:
+        call()
+
+    def timer() -> Json:
+        same_s, fresh_s = call_times(same, rounds, budget_s), call_times(fresh, 1, 0)
+        out: Json = {"same": median(same_s), "calls": len(same_s) + len(fresh_s)}
+        return out | ({"fresh": median(fresh_s)} if fresh_s else {})
+
+    return timer
 
 
 def call_times(
@@ -276,21 +279,11 @@ def call_times(
     return times
 
 
-def hit_times(work: Json, rounds: int, budget_s: float) -> Json:
-    """Median seconds of a hit, with the same values and with fresh ones (fmesh)."""
-    same, fresh = call_times(work["same"], rounds, budget_s), call_times(work["fresh"], 1, 0)
-    out: Json = {"same": median(same), "calls": len(same) + len(fresh)}
-    return out | ({"fresh": median(fresh)} if fresh else {})
-
-
 def hits(spec: Json) -> Json:
     shape3 = three_axes(SHAPES[spec["world"]])
     torch_ref.fake_world(spec["world"])
-    out: Json = {}
-    for impl in ("fmesh", "torch"):
-        work = hit_work(impl, shape3, spec["rounds"])
-        out[impl] = hit_times(work, spec["rounds"], spec["budget_s"])
-        del work
+    rounds, budget_s = spec["rounds"], spec["budget_s"]
+    out = {impl: hit_timer(impl, shape3, rounds, budget_s)() for impl in ("fmesh", "torch")}
     out["fmesh"]["shape"] = sh.shape_str(shape3)
     return out
 
@@ -301,23 +294,19 @@ SUB = ("dp_shard", "tp")
 def interop(spec: Json) -> Json:
     """A DeviceMesh of the (dp_shard, tp) sub-mesh: fmesh's ``to_device_mesh('cpu')`` of
     the realized slice (its realize, a memo hit, timed apart) against torch's
-    ``dm['dp_shard', 'tp']``; the first call, then sh.batches interleaved."""
+    ``dm['dp_shard', 'tp']``; the first call, then batches interleaved."""
 
-    def build(w: int) -> tuple[fmesh.Mesh, DeviceMesh]:
-        mesh = fmesh.make_mesh(_sizes(NAMES, SHAPES[w]))
+    def calls(world: int) -> tuple[float, dict[str, Callable[[], DeviceMesh]]]:
+        mesh = fmesh.make_mesh(_sizes(NAMES, SHAPES[world]))
         fmesh.realize(mesh)
-        return mesh, torch_ref.init_mesh(SHAPES[w], NAMES)
+        dm = torch_ref.init_mesh(SHAPES[world], NAMES)
+        realize_s, sub = timed(lambda: fmesh.realize(fmesh.slice(mesh, *SUB)))
+        assert isinstance(sub, fmesh.RealizedMesh)
+        fns = {"fmesh": lambda: sub.to_device_mesh("cpu"), "torch": lambda: dm[SUB]}
+        return realize_s, fns
 
-    def use(w: int) -> None:
-        mesh, dm = build(w)
-        fmesh.realize(fmesh.slice(mesh, *SUB)).to_device_mesh("cpu")
-        dm[SUB]
-
-    torch_ref.fake_world(spec["world"], use)
-    mesh, dm = build(spec["world"])
-    realize_s, sub = timed(lambda: fmesh.realize(fmesh.slice(mesh, *SUB)))
-    assert isinstance(sub, fmesh.RealizedMesh)
-    fns = {"fmesh": lambda: sub.to_device_mesh("cpu"), "torch": lambda: dm[SUB]}
+    torch_ref.fake_world(spec["world"], lambda w: [call() for call in calls(w)[1].values()])
+    realize_s, fns = calls(spec["world"])
     first = {impl: timed(fn)[0] for impl, fn in fns.items()}
     pair = {"repeat": (fns["fmesh"], fns["torch"], 10_000)}
     out = interleaved(pair, spec["repeats"], spec["target_s"], lambda: None)

@@ -21,7 +21,7 @@ from typing import Any
 from _dist import run_spawn
 
 import fmesh
-from bench.counting import CountingStore, agree_call, delta, per_call
+from bench.counting import CountingStore, by_call, delta
 from fmesh._protocol import watch
 
 WORLD = 4
@@ -69,7 +69,7 @@ def counted_job(rank: int, world: int) -> dict[str, Any]:
             created += made
         out[name] = {
             "requests": sum(delta(store.snapshot(), before).values()),
-            "agree_per_call": per_call(delta(store.key_snapshot(), keys), agree_call),
+            "agree_per_call": by_call(delta(store.key_snapshot(), keys))[0],
             "created": created,
         }
 

@@ -27,7 +27,7 @@ from titan_recipe import (
 )
 
 import fmesh
-from bench.counting import CountingStore, agree_call, delta, per_call
+from bench.counting import CountingStore, by_call, delta
 
 
 def _left(raw: Any) -> list[str]:
@@ -81,7 +81,7 @@ def titan_job(rank: int, world: int) -> dict[str, Any]:
     out["first"] = {
         "created": fmesh.cache_stats().created - created,
         "new_group": new_groups[0],
-        "agree_per_call": per_call(delta(store.key_snapshot(), keys), agree_call),
+        "agree_per_call": by_call(delta(store.key_snapshot(), keys))[0],
     }
     before = store.snapshot()
     again = build(init_device_mesh, CONFIG)
