@@ -1,10 +1,10 @@
 """torch's side of every comparison, and the worlds both sides run in: the one bench
-module that uses private torch names.
+module that uses torch's private modules and functions.
 
 The baselines are what torch users write today (``init_device_mesh``, and the private
-``_flatten`` / ``_unflatten`` that torchtitan calls), plus counters read from c10d's
-process-global registry. Keeping them here means a torch release that moves one of
-these names breaks one file.
+``_flatten`` / ``_unflatten`` methods that torchtitan calls, which :mod:`bench.work`
+calls too), plus counters read from c10d's process-global registry. Keeping them here
+means a torch release that moves a private module or function breaks one file.
 """
 
 from __future__ import annotations
