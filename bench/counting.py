@@ -16,24 +16,27 @@ from typing import Any
 
 from torch._C._distributed_c10d import Store
 
-from fmesh._protocol import sentinel
+from fmesh._protocol import port
 
 AGREE = "fmesh/a/"
 """What every key of fmesh's agreement contains."""
-WATCH = "/w/"
-"""What every key of a creating call's peer watch adds to its call's prefix."""
-SENTINELS = sentinel.KEY
-"""What every rank's sentinel-address key contains (one per rank, written once per
-process and read once per watcher)."""
+WATCH = ("end", "lost", "by", "miss", "verdict", "arr", "late", "to", "gone", "read")
+"""The last parts of a call's keys that the watch reads or writes (its verdict, the
+ranks present and late), apart from the record, the count and ``ok``."""
+ADDRESSES = port.KEY
+"""What every rank's liveness-port address key contains (one per rank, written once
+per process and read once per watcher)."""
 
 
 def kind(key: str) -> str:
-    """``"watch"`` for the peer watch's keys (sentinel addresses included), ``"agree"``
-    for the rest of fmesh's agreement keys (the call's counter ``P+"done"``, which the
-    closing barrier goes on counting on, included), ``"other"`` for the rest."""
-    if SENTINELS in key:
+    """``"watch"`` for the watch's keys (port addresses included), ``"agree"`` for the
+    rest of fmesh's agreement keys (the stream's record, the call's count and ``ok``),
+    ``"other"`` for the rest."""
+    if ADDRESSES in key:
         return "watch"
-    return "other" if AGREE not in key else "watch" if WATCH in key else "agree"
+    if AGREE not in key:
+        return "other"
+    return "watch" if key.rpartition("/")[2] in WATCH else "agree"
 
 
 def delta(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
@@ -42,18 +45,29 @@ def delta(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]
     return {k: n for k, n in out.items() if n}
 
 
-def by_call(keys: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int], int]:
+def by_call(keys: Mapping[str, int]) -> tuple[dict[str, float], dict[str, int], int]:
     """Of per-key request counts: the agreement's requests per call (by the prefix every
-    key of one call shares), the peer watch's per call (by the agreement prefix before
-    ``/w/``), and the requests on sentinel addresses (they belong to no one call)."""
+    key of one call shares; the stream's record ``S+"c"``, swapped once by each call,
+    shared evenly among the stream's calls), the watch's per call, and the requests on
+    port addresses (they belong to no one call)."""
     agree: Counter[str] = Counter()
     watch: Counter[str] = Counter()
+    records: Counter[str] = Counter()
     for key, n in keys.items():
-        if kind(key) == "agree":
-            agree[key.rpartition("/")[0]] += n
-        elif kind(key) == "watch" and WATCH in key:  # not a sentinel address
-            watch[key.partition(WATCH)[0]] += n
-    return dict(agree), dict(watch), sum(n for key, n in keys.items() if SENTINELS in key)
+        call = key.rpartition("/")[0]
+        if kind(key) == "agree" and key.endswith("/c"):
+            records[call + "/"] += n
+        elif kind(key) == "agree":
+            agree[call] += n
+        elif kind(key) == "watch" and ADDRESSES not in key:
+            watch[call] += n
+    shared: dict[str, float] = dict(agree)
+    for stream, n in records.items():
+        calls = [c for c in agree if c.startswith(stream)]
+        for c in calls:
+            shared[c] += n / len(calls)
+    addresses = sum(n for key, n in keys.items() if ADDRESSES in key)
+    return shared, dict(watch), addresses
 
 
 class CountingStore(Store):

@@ -50,16 +50,16 @@ PHASES = ("fmesh-gloo", "torch-gloo", "fmesh-nccl", "torch-nccl", "barrier")
 
 
 def setup_process() -> None:
-    """Once per crowd process: its sentinel, shared by its simulated ranks as by threads
-    of one process (one per simulated rank would measure process scheduling, not the
-    store); the victim is alone in its crowd, so killing it ends its sentinel too."""
-    from fmesh._protocol import sentinel
+    """Once per crowd process: its liveness port, shared by its simulated ranks as by
+    threads of one process (each publishes its address); the victim is alone in its
+    crowd, so killing it closes its port too."""
+    from fmesh._protocol import port
 
-    _ = sentinel.mine().address  # waits for its port
+    port.mine()
 
 
 _prepared: set[int] = set()
-"""Simulated ranks whose sentinel address is published (once per rank, as a real rank
+"""Simulated ranks whose port address is published (once per rank, as a real rank
 publishes once per process)."""
 
 
@@ -72,43 +72,39 @@ def fmesh_call(
     create: Callable[[Store], None],
     timeout: datetime.timedelta | None,
 ) -> None:
-    """One creating call of ``rank`` as realize makes it: publish the sentinel's
-    address, agree with a closing barrier, start the watch, ``create`` in the store
-    fmesh gives a creation on ``backend``, the closing barrier; raises the call's error."""
+    """One creating call of ``rank`` as realize makes it: publish the port's address
+    (once), put the record in, ``create`` in the store fmesh gives a creation (its
+    waits sliced, in this thread), the closing round; raises the call's error."""
     from fmesh._core.errors import PeerLostError
-    from fmesh._protocol import agreement, liveness
+    from fmesh._protocol import agreement, liveness, port, records
 
     if rank not in _prepared:
-        liveness.prepare(store, rank)
+        store.set(port.KEY + str(rank), port.mine().address.text())
         _prepared.add(rank)
 
+    stream = f"{records.KEY_ROOT}{prefix}s/"
     # fmt: off
-    ticket = agreement.agree(
-        store, rank=rank, ranks=range(world), code=CODE,
-        record=lambda: agreement.Record(rank, CODE, "the store-load benchmark", ""),
-        timeout=TIMEOUT, prefix=f"{agreement.KEY_ROOT}{prefix}", where="a store-load call",
-        closing=True,
+    ticket = agreement.open_call(
+        store, rank=rank, ranks=range(world), entry=records.Entry(1, CODE, rank),
+        record=lambda: records.Record(rank, CODE, "the store-load benchmark", ""),
+        stream=stream, prefix=stream + "1/", where="a store-load call",
     )
     # fmt: on
-    liveness.after_agreement(ticket)
-    watch = liveness.start(ticket, timeout)
-    assert watch is not None  # agreed with a closing barrier, among several ranks
-    try:
-        with liveness.active(watch):
+    with liveness.watching(ticket, TIMEOUT, timeout) as watch:
+        assert watch is not None  # among several ranks
+        try:
             try:
-                create(liveness.store_for_creation(store, backend))
+                create(watch.store_for(ticket.conn))
             except Exception as err:
                 found = watch.error("creating a group", err)
                 if found is None:
                     raise
                 raise found from err
             watch.finish(2 * TIMEOUT)
-    except BaseException as err:
-        if not isinstance(err, PeerLostError):
-            watch.fail(err)
-        raise
-    finally:
-        watch.close()
+        except BaseException as err:
+            if not isinstance(err, PeerLostError):
+                watch.fail(err)
+            raise
 
 
 # == end of the adapter ====================================================================

@@ -5,14 +5,15 @@ decides whether its unique-id exchange may wait in the watch's store. In-process
 torch's ``HashStore``: a rank whose group root never publishes the id waits the way
 torch 2.15's ``NCCLBootstrap`` does (a C++ ``PrefixStore`` over the store it was given:
 ``wait(keys, timeout)``, then ``multi_get``); the watch ends that wait once it finds the
-root lost (its sentinel, a real process, killed) on the nccl2 path, and leaves it to
-torch's timeout on the legacy one. The real backends need GPUs:
+root lost (its liveness port closed: no process holds it) on the nccl2 path, and leaves
+it to torch's timeout on the legacy one. The real backends need GPUs:
 ``tests/gpu_job.py --creation``.
 """
 
 from __future__ import annotations
 
 import datetime
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,8 +25,8 @@ import torch.distributed as dist
 
 from fmesh import PeerLostError
 from fmesh._compat import memory_store, nccl
-from fmesh._protocol import liveness, sentinel, watch
-from fmesh._protocol.records import Record, Ticket
+from fmesh._protocol import liveness, port, watch
+from fmesh._protocol.records import Entry, Record, Ticket
 
 if TYPE_CHECKING:
     from fmesh._compat import Store
@@ -91,7 +92,7 @@ def test_on_215_what_torch_registered_for_nccl_decides(
 # -- the unique-id exchange under a watch ----------------------------------------------------
 
 PATIENCE_TIMEOUT = datetime.timedelta(seconds=1)
-"""The call's timeout: outcome read every 0.25 s, silence 1 s (``watch.settings``)."""
+"""The call's timeout: its verdict read every 0.25 s, silence 2 s (``watch.settings``)."""
 
 
 def _bootstrap_wait(store: Store, wait_s: float) -> list[bytes]:
@@ -104,52 +105,54 @@ def _bootstrap_wait(store: Store, wait_s: float) -> list[bytes]:
 
 
 @pytest.fixture
-def live() -> Iterator[sentinel.Sentinel]:
-    """This process's sentinel: rank 1's (and a live rank 0's)."""
-    watch._addresses.clear()
-    yield sentinel.mine()
-    watch._addresses.clear()
+def live() -> Iterator[port.Port]:
+    """This process's liveness port: rank 1's (and a live rank 0's)."""
+    watch.forget_addresses()
+    yield port.mine()
+    watch.forget_addresses()
+
+
+def dead_address() -> port.Address:
+    """The address of a port no process holds any more (it refuses connections)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        free = int(sock.getsockname()[1])
+    return port.Address("127.0.0.1", free, "dead")
 
 
 def _creating(
-    backend: str, root_alive: bool, wait_s: float, live: sentinel.Sentinel
+    backend: str, root_alive: bool, wait_s: float, live: port.Port
 ) -> tuple[BaseException | None, float]:
     """Rank 1 of a call over ranks (0, 1) waits for the NCCL id of rank 0, the group's
-    root, which publishes it after 0.5 s or is dead: its sentinel, a real process,
-    killed before the call (its watcher, rank 1, finds its port closed). Both
-    addresses are published as ``liveness.prepare`` does. (error, seconds)."""
+    root, which publishes it after 0.5 s or is dead: its port closed before the call
+    (its watcher, rank 1, finds it refused). Both addresses are published as
+    ``liveness.prepare`` does. (error, seconds)."""
     store = memory_store()
     store.set_timeout(datetime.timedelta(seconds=60))
-    root = live if root_alive else sentinel.Sentinel("127.0.0.1")
-    store.set(sentinel.KEY + "0", root.address.text())
-    store.set(sentinel.KEY + "1", live.address.text())
-    if not root_alive:
-        root.proc.kill()
-        root.proc.wait()
+    root = live.address if root_alive else dead_address()
+    store.set(port.KEY + "0", root.text())
+    store.set(port.KEY + "1", live.address.text())
     record = lambda: Record(1, 0, "m", "")  # noqa: E731
-    ticket = Ticket(store, 1, (0, 1), "t/", "realize call #1", record, closing=True)
-    store.add("t/done", 2)  # the agreement's two reads of its outcome
-    w = liveness.start(ticket, PATIENCE_TIMEOUT)
-    assert w is not None
+    entry = Entry(1, 0, 1)
+    ticket = Ticket(store, store, 1, (0, 1), "t/", "realize call #1", entry, record, entry)
     if root_alive:
         publish = PrefixStore("fmesh_g0_test", store)
         threading.Timer(0.5, publish.set, ("nccl_storekey_0", b"id")).start()
     start = time.monotonic()
-    try:
-        with liveness.active(w):
-            given = liveness.store_for_creation(store, backend)
-            assert _bootstrap_wait(given, wait_s) == [b"id"]
-        return None, time.monotonic() - start
-    except Exception as err:
-        found = w.error("creating the group [0, 1]", err)
-        return (found if found is not None else err), time.monotonic() - start
-    finally:
-        w.close()
+    with liveness.watching(ticket, PATIENCE_TIMEOUT, PATIENCE_TIMEOUT) as w:
+        assert w is not None
+        try:
+            got = liveness.creating(backend, store, lambda s: _bootstrap_wait(s, wait_s))
+            assert got == [b"id"]
+            return None, time.monotonic() - start
+        except Exception as err:
+            found = w.error("creating the group [0, 1]", err)
+            return (found if found is not None else err), time.monotonic() - start
 
 
 @pytest.mark.usefixtures("torch_215")
 def test_on_215_a_dead_root_ends_the_id_exchange_with_peer_lost_in_seconds(
-    live: sentinel.Sentinel,
+    live: port.Port,
 ) -> None:
     err, took = _creating("nccl", root_alive=False, wait_s=60.0, live=live)
     assert isinstance(err, PeerLostError), err
@@ -160,7 +163,7 @@ def test_on_215_a_dead_root_ends_the_id_exchange_with_peer_lost_in_seconds(
 
 @pytest.mark.usefixtures("torch_215")
 def test_on_215_a_live_root_s_id_arrives_through_the_watch_store(
-    live: sentinel.Sentinel,
+    live: port.Port,
 ) -> None:
     err, took = _creating("nccl", root_alive=True, wait_s=60.0, live=live)
     assert err is None, err
@@ -168,8 +171,9 @@ def test_on_215_a_live_root_s_id_arrives_through_the_watch_store(
 
 
 @pytest.mark.usefixtures("torch_213")
-def test_legacy_nccl_waits_for_torchs_timeout_not_the_watch(live: sentinel.Sentinel) -> None:
-    # The watch gives the call up after ~3 s (GRACE); the legacy exchange is not cut short.
+def test_legacy_nccl_waits_for_torchs_timeout_not_the_watch(live: port.Port) -> None:
+    # The watch gives the call up after ~3 s (GRACE) once asked; the legacy exchange is
+    # not cut short (nothing asks while it waits in native code).
     err, took = _creating("nccl", root_alive=False, wait_s=6.0, live=live)
     assert isinstance(err, PeerLostError), err  # the verdict explains it
     assert "torch said: wait timeout" in str(err).lower(), err  # the store's own timeout

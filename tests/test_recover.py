@@ -19,7 +19,7 @@ import pytest
 from _dist import run_spawn
 
 import fmesh
-from fmesh._protocol import agreement as _agree
+from fmesh._protocol import records as _records
 from fmesh._protocol import stream as _stream
 from fmesh._runtime import recover as _recover
 
@@ -34,7 +34,7 @@ def _tcp(port: int = 0, *, master: bool = False) -> Any:
 
 
 def _weight(view: list[int], epoch: int = 1, world: int = 4) -> int:
-    return _agree.weight(_stream.call_code("fmesh.recover", epoch, view), world)
+    return _records.weight(_stream.call_code("fmesh.recover", epoch, view), world)
 
 
 def _survivors(

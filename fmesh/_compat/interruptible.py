@@ -1,19 +1,15 @@
-"""A store whose waits another thread can cut short, for group creation under a watch.
+"""A store whose waits a creating call's watch cuts short, for group creation.
 
 torch's store waits (and the gloo rendezvous, which waits in the store) block in C++
 until the key appears or the timeout passes; nothing in torch's API cancels them.
 ``InterruptibleStore`` forwards every operation to a connection the caller already
 holds, and splits each wait into slices of ``slice_s`` seconds: between two slices it
-asks ``cancelled()`` (which may itself read the call's outcome, once per interval),
-and raises ``DistNetworkError`` once that says yes. So a watch (``_protocol/watch.py``)
-wakes a rank blocked in a rendezvous; the slices cost one request each, only while a
-wait lasts.
-
-The watch's own thread shares that connection (a new one can stall the store's server
-for seconds when every rank opens one at once): a TCPStore client serializes its
-requests, and a slice holds it, so a ``Gate`` lets the watch's requests in between two
-slices, in turn, instead of leaving that to the client's lock (which the waiting
-thread, taking it again at once, would win).
+asks ``cancelled()`` (the call's watch: ``_protocol/watch.py``), and raises
+``DistNetworkError`` once that says yes. A *patient* store ignores the timeout its
+waits are given (a group's own, counted from this rank's start): the call's watch
+decides when to stop waiting (a rank missing at the call's timeout, a rank lost), so a
+rank that reaches a group early is not failed by a peer that is only late. The slices
+cost one request each, only while a wait lasts.
 
 The module imports no torch (``fmesh.realize`` imports it with the package, so the first
 creating call compiles nothing); the store class is built on first use.
@@ -21,18 +17,17 @@ creating call compiles nothing); the store class is built on first use.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
-import threading
+import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
 
-__all__ = ["Gate", "interruptible_store", "peek"]
+__all__ = ["interruptible_store", "peek"]
 
 _ABSENT = "\x00"
 """A value no key of fmesh or of a rendezvous holds."""
@@ -50,53 +45,22 @@ def peek(store: Store, key: str) -> bytes | None:
     return None if raw == _ABSENT.encode() else raw
 
 
-class Gate:
-    """Turns on one connection between a thread in sliced waits and short requests
-    from others: a waiting thread steps aside after each slice while others want in."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cv = threading.Condition()
-        self._wanting = 0
-
-    @contextlib.contextmanager
-    def turn(self) -> Iterator[None]:
-        """Hold the connection for a few short requests."""
-        with self._cv:
-            self._wanting += 1
-        self._lock.acquire()
-        with self._cv:
-            self._wanting -= 1
-            self._cv.notify_all()
-        try:
-            yield
-        finally:
-            self._lock.release()
-
-    @contextlib.contextmanager
-    def slice(self) -> Iterator[None]:
-        """Hold the connection for one slice of a wait, after anyone who wants it."""
-        with self._cv:
-            self._cv.wait_for(lambda: self._wanting == 0, timeout=1.0)
-        with self._lock:
-            yield
-
-
 def interruptible_store(
     inner: Store,
     cancelled: Callable[[], bool],
     slice_s: float,
     why: str,
-    gate: Gate | None = None,
+    patient: bool = False,
 ) -> Store:
     """A store that forwards to ``inner``, its waits cut into slices of ``slice_s``
-    seconds that end (``DistNetworkError(why)``) once ``cancelled()``; ``gate``: the
-    turns it takes with other threads on ``inner``."""
-    return _store_class()(inner, cancelled, slice_s, why, gate)
+    seconds that end (``DistNetworkError(why)``) once ``cancelled()``; ``patient``:
+    its waits ignore the timeouts they are given and last until the key exists or the
+    call is given up."""
+    return _store_class()(inner, cancelled, slice_s, why, patient)
 
 
 @functools.cache
-def _store_class() -> Callable[[Store, Callable[[], bool], float, str, Gate | None], Store]:
+def _store_class() -> Callable[[Store, Callable[[], bool], float, str, bool], Store]:
     from torch._C._distributed_c10d import Store
 
     class InterruptibleStore(Store):
@@ -108,14 +72,14 @@ def _store_class() -> Callable[[Store, Callable[[], bool], float, str, Gate | No
             cancelled: Callable[[], bool],
             slice_s: float,
             why: str,
-            gate: Gate | None = None,
+            patient: bool = False,
         ) -> None:
             super().__init__()
             self.inner: Any = inner
             self._cancelled = cancelled
             self._slice = datetime.timedelta(seconds=slice_s)
             self._why = why
-            self._gate = gate if gate is not None else Gate()
+            self._patient = patient
             self.set_timeout(cast(Any, inner).timeout)
             self._present: frozenset[str] = frozenset()
             """The keys of the last wait that found them: gloo's rendezvous waits for a
@@ -131,14 +95,13 @@ def _store_class() -> Callable[[Store, Callable[[], bool], float, str, Gate | No
             import torch.distributed as dist
 
             limit: datetime.timedelta = self.inner.timeout if timeout is None else timeout
-            deadline = time.monotonic() + limit.total_seconds()
+            deadline = math.inf if self._patient else time.monotonic() + limit.total_seconds()
             while True:
                 self._raise_if_cancelled()
                 left = deadline - time.monotonic()
-                step = min(self._slice, datetime.timedelta(seconds=max(left, 0.001)))
+                step = min(self._slice, datetime.timedelta(seconds=max(min(left, 1e6), 0.001)))
                 try:
-                    with self._gate.slice():
-                        self.inner.wait(keys, step)
+                    self.inner.wait(keys, step)
                     self._present = frozenset(keys)
                     return
                 except dist.DistStoreError:

@@ -1,100 +1,62 @@
-"""Agreement among the ranks of a realize call that creates groups.
+"""Agreement among the ranks of a creating call, in the same round trip as the record.
 
-Ranks that disagree, stall, die or skip a call get a ``MeshMismatchError``,
-never a hang; a call that agrees costs each rank about as much of the store as torch's
-own barrier. A late rank is waited for up to the timeout, with a warning each minute
-(``arrivals.py``). The protocol: ``docs/design/agreement-protocol.md``.
+Each rank swaps its short record (``records.Entry``: the call's number in its stream,
+its code, the rank, and the axis names where they are compared apart) into its
+stream's key ``S+"c"`` with one ``compare_set``, which answers the record of the first
+rank of the call: a rank whose call differs from the first rank's knows at once, names
+both, and ends the call for every rank (``P+"end"`` = ``mm``, read by the others at
+their next read of the verdict). Nothing else is waited for here: the ranks create
+their groups at once, and the call's closing round (``watch.Watch.finish``: one count
+and one wait) is where every rank learns that all ranks made the same call and made
+their groups. A world-collective creation (NCCL's split of the world communicator)
+must not start before every rank agrees: such a call runs the closing round first.
+
+The key ``S+"c"`` is never deleted, only swapped: each rank knows its value (the first
+record of the stream's last call, answered to every rank of it) and expects it; a rank
+whose expectation is stale (it made no record at that call) swaps again once. Costs and
+the rest of the protocol: ``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations
 
-import datetime
-import threading
+import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
+from .._compat.interruptible import peek
 from .._core.errors import MeshMismatchError
-from . import records as _records
-from .arrivals import wait_done
-from .records import CENSUS, POISON, Record, Ticket, append, wait_get
+from .arrivals import timeout_error
+from .connections import thread_store
+from .records import ABORT, KEY_ROOT, Entry, Record, Ticket, append, wait_get
 
 if TYPE_CHECKING:
     from .._compat import Store
 
 __all__ = [
-    "KEY_ROOT",
-    "POISON",
-    "Record",
-    "Ticket",
+    "MISMATCH_HELP",
     "abort",
-    "agree",
     "count_keys",
+    "explain",
     "failures",
-    "forget_connections",
+    "forget_streams",
     "give_up",
-    "new_connection",
-    "thread_store",
-    "weight",
+    "open_call",
 ]
 
-KEY_ROOT = "fmesh/a/"
-"""Every key of this protocol contains this string."""
+logger = logging.getLogger("fmesh")
 
+MISMATCH_HELP = (
+    "Every rank must call fmesh.realize() with the same mesh, backend and options, in "
+    "the same order (SPMD), memo hits included. Check for rank-dependent mesh "
+    "construction (e.g. sizes computed from the local device count) and for realize() "
+    "calls made on some ranks only."
+)
+_GRACE = 5.0
+"""Seconds a rank that found a mismatch waits for the first rank's full record."""
 
-def weight(code: int, n: int) -> int:
-    """The odd weight of ``code`` among ``n`` ranks: ``n * weight < 2**58``.
-
-    >>> w = weight(12345, 4); w % 2, 4 * w < 2**58, w == weight(12345, 4)
-    (1, True, True)
-    """
-    bits = 58 - n.bit_length()
-    return ((code % (1 << (bits - 2))) << 1) | (1 << (bits - 1)) | 1
-
-
-# -- connections ------------------------------------------------------------------------
-
-_local = threading.local()
-_generation = [0]
-
-
-def forget_connections() -> None:
-    """Make every thread clone its store connection anew: the runtime calls this when
-    its memo is reset (``destroy``, a new default process group), whose store may be
-    another one at the same address."""
-    _generation[0] += 1
-
-
-def _conn(store: Store) -> Store:
-    """The connection this thread uses: ``store`` itself on the main thread, a clone
-    (cached per thread) on any other.
-
-    A TCPStore client serializes its operations, and a wait holds it: threads sharing
-    one would stall each other. A clone is made once per thread: connecting costs a
-    round trip and, when many ranks connect at once, can stall on the accept queue.
-    """
-    if threading.current_thread() is threading.main_thread():
-        return store
-    entry: tuple[Store, Store, int] | None = getattr(_local, "conn", None)
-    if entry is not None and entry[0] is store and entry[2] == _generation[0]:
-        return entry[1]
-    clone = new_connection(store)
-    _local.conn = (store, clone, _generation[0])
-    return clone
-
-
-def thread_store(store: Store) -> Store:
-    """The connection to ``store`` for this thread; give it to each group creation
-    (torch's gloo rendezvous waits in the store, so threads must not share one)."""
-    return _conn(store)
-
-
-def new_connection(store: Store) -> Store:
-    """A new client of the same store (the store itself if it cannot clone)."""
-    try:
-        return cast("_records.Untyped", store).clone()
-    except (RuntimeError, NotImplementedError):
-        return store
+_expected: dict[str, str] = {}
+"""Per stream prefix: the value of its ``c`` key as this rank last read it."""
 
 
 def count_keys(store: Store) -> int:
@@ -102,82 +64,138 @@ def count_keys(store: Store) -> int:
     return sum(KEY_ROOT in key for key in store.list_keys())
 
 
-# -- agree ------------------------------------------------------------------------------
+def forget_streams() -> None:
+    """The runtime's memo was reset: streams start again in the new generation."""
+    _expected.clear()
 
 
-def agree(
+def open_call(
     store: Store,
     *,
     rank: int,
     ranks: Sequence[int],
-    code: int,
+    entry: Entry,
     record: Callable[[], Record],
-    timeout: datetime.timedelta,
+    stream: str,
     prefix: str,
     where: str,
-    closing: bool = False,
 ) -> Ticket:
-    """Agree with every rank of ``ranks`` on this call (see the module docstring).
+    """Put this rank's record in; the call's ticket, or ``MeshMismatchError`` if the
+    first rank of the call made another call (see the module docstring).
 
     Args:
-        store: the store every rank of ``ranks`` reaches.
+        store: the store every rank of ``ranks`` reaches (the default store).
         rank: this rank, a member of ``ranks``.
-        ranks: the ranks that must agree, ascending (``range(world)`` in the common
-            case: only ``len`` is used on success).
-        code: what must be equal on every rank (a hash of the call and of the calls
-            made since the last agreement).
-        record: this rank's call in words, for messages (called on failure only).
-        timeout: how long to wait for the other ranks.
-        prefix: the call's key prefix, unique per call and equal on every rank.
+        ranks: the ranks of the call, ascending.
+        entry: this rank's short record (``entry.rank == rank``).
+        record: this rank's call in words (called on failure paths only).
+        stream: the stream's key prefix ``S`` (``fmesh/a/<generation>/<stream>/``).
+        prefix: the call's own key prefix ``P`` (``S + "<number>/"``).
         where: the call in words (``realize call #3``).
-        closing: a closing barrier follows and counts on ``P+"done"`` (the
-            liveness watch, ``watch.py``): leave that key to it.
-
-    Raises:
-        MeshMismatchError: ranks published different codes, some never arrived
-            within ``timeout``, or the store is gone.
     """
     import torch.distributed as dist
 
-    conn = _conn(store)
-    ticket = Ticket(store, rank, ranks, prefix, where, record, closing, conn=conn)
-    n = len(ranks)
-    if n <= 1:
+    conn = thread_store(store)
+    ticket = Ticket(store, conn, rank, ranks, prefix, where, entry, record, entry)
+    if len(ranks) <= 1:
         return ticket
-    w = weight(code, n)
+    mine = entry.text()
     try:
-        s = conn.add(prefix + "n", w)
-        if s >= POISON:
-            raise _records.late(conn, ticket)
-        # CENSUS: a rank waited long and opened the list of arrivals (arrivals.py).
-        weights = s % CENSUS
-        if weights == n * w:  # the last of n ranks with the same code
-            conn.add(prefix + "done", 1)
-            conn.delete_key(prefix + "n")
-            return ticket
-        if weights % w or weights > n * w:
-            raise _records.mismatch(conn, ticket)
-        return wait_done(conn, ticket, w, timeout, listing=s >= CENSUS)
+        got = mine
+        for _ in range(3):
+            expected = _expected.get(stream, "")
+            got = bytes(conn.compare_set(stream + "c", expected, mine)).decode()
+            first = Entry.parse(got)
+            _expected[stream] = got
+            if got == mine or first is None or first.number >= entry.number:
+                break
+            # A record of an earlier call: this rank's expectation was stale.
     except dist.DistError as err:
-        raise _store_error(ticket, err) from err
+        raise MeshMismatchError(
+            f"rank {rank} lost the store during {where}: {err}. The process hosting "
+            "the store (rank 0 or the torchrun agent) may have died; see its logs."
+        ) from err
+    first = Entry.parse(got) or entry
+    ticket = Ticket(store, conn, rank, ranks, prefix, where, entry, record, first)
+    if first.number != entry.number or first.code != entry.code:
+        if peek(conn, prefix + "end") in (b"census", b"timeout"):
+            # The others gave up on this call at its timeout before this rank came.
+            raise timeout_error(conn, ticket, _GRACE)
+        raise _mismatch(ticket)
+    if first.names != entry.names:
+        logger.warning(
+            "fmesh: ranks %d and %d name the dims of the same groups differently at %s: "
+            "rank %d calls them (%s), rank %d (%s). torch lets the names differ, and the "
+            "groups are the same, so this call goes on; a dim looked up by name then "
+            "means another dim on each of them",
+            first.rank,
+            rank,
+            where,
+            first.rank,
+            first.names,
+            rank,
+            entry.names,
+        )
+    return ticket
 
 
-def _store_error(ticket: Ticket, err: Exception) -> MeshMismatchError:
-    return MeshMismatchError(
-        f"rank {ticket.rank} lost the store during {ticket.where} ({ticket.summary}): "
-        f"{err}. The process hosting the store (rank 0 or the torchrun agent) may have "
-        "died; see its logs."
-    )
+def _mismatch(ticket: Ticket) -> MeshMismatchError:
+    """This rank's call differs from the first rank's: end the call for every rank
+    (the first rank's call too, if it is at another number), record this side in full,
+    and name both sides."""
+    conn, p = ticket.conn, ticket.prefix
+    stream = p.rstrip("/").rpartition("/")[0] + "/"
+    for prefix in dict.fromkeys((p, f"{stream}{ticket.first.number}/")):
+        conn.add(prefix + "n", ABORT)
+        conn.compare_set(prefix + "mm", "", ticket.record().text())
+        conn.compare_set(prefix + "end", "", "mm")
+    return explain(conn, ticket)
 
 
-# -- after agreement --------------------------------------------------------------------
+def explain(conn: Store, ticket: Ticket) -> MeshMismatchError:
+    """Name both sides of a mismatch: the first rank's call and one that differs from
+    it (``P+"mm"``). The first rank publishes its own call in full (``P+"full"``) when
+    it learns of the mismatch; the others wait for it if they are on the other side."""
+    p, mine, first = ticket.prefix, ticket.record(), ticket.first
+    if first.number != ticket.entry.number:
+        return MeshMismatchError(
+            f"ranks {ticket.rank} and {first.rank} are at different creating calls: rank "
+            f"{ticket.rank} makes {ticket.where}, rank {first.rank} its realize call "
+            f"#{first.number} of the same stream: they made different numbers of realize "
+            f"calls that create groups before it. {MISMATCH_HELP}"
+        )
+    if first.rank == ticket.rank:
+        conn.compare_set(p + "full", "", mine.text())
+    on_first_side = first.code == ticket.entry.code
+    raw = wait_get(conn, p + ("mm" if on_first_side else "full"), _GRACE)
+    other = None if raw is None else Record.parse(raw)
+    if other is None:
+        reason = (
+            f"rank {first.rank} realizes something else at {ticket.where}, while {mine.says()}"
+        )
+    elif other.summary == mine.summary:
+        reason = (
+            f"ranks {mine.rank} and {other.rank} disagree at {ticket.where}: both realize "
+            f"{mine.summary}, but not after the same calls since their last agreement: "
+            f"rank {mine.rank} made {mine.history or 'none'}, rank {other.rank} made "
+            f"{other.history or 'none'}"
+        )
+    else:
+        reason = (
+            f"ranks {mine.rank} and {other.rank} disagree at {ticket.where}: "
+            f"{mine.says()}, {other.says()}"
+        )
+    return MeshMismatchError(f"{reason}. {MISMATCH_HELP}")
+
+
+# -- a creation that failed after every rank made its record -----------------------
 
 
 def give_up(ticket: Ticket, why: str, among: Sequence[int], grace: float) -> dict[int, str]:
-    """This rank gives up on ``ticket``'s agreed call (``why``: its group creation
-    failed), telling the others; returns why members of ``among`` gave up on it, by
-    rank, waiting up to ``grace`` seconds for a first report (a peer's own timeout can
-    end a moment after ours)."""
+    """This rank gives up on ``ticket``'s call (``why``: its group creation failed),
+    telling the others; returns why members of ``among`` gave up on it, by rank,
+    waiting up to ``grace`` seconds for a first report (a peer's own timeout can end a
+    moment after ours)."""
     abort(ticket, why)
     deadline = time.monotonic() + grace
     while True:
@@ -188,8 +206,8 @@ def give_up(ticket: Ticket, why: str, among: Sequence[int], grace: float) -> dic
 
 
 def abort(ticket: Ticket, message: str) -> None:
-    """Tell the other ranks why this rank gave up on ``ticket``'s call after it was
-    agreed (group creation failed here); they read it with ``failures``."""
+    """Tell the other ranks why this rank gave up on ``ticket``'s call; they read it
+    with ``failures``."""
     append(ticket.conn, ticket.prefix + "failed", f"{ticket.rank}\x1f{message}\x1e")
 
 

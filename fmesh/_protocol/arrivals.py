@@ -1,141 +1,251 @@
-"""Waiting for late ranks at an agreement, as long as torch would, and saying so.
+"""A creating call's long waits and its ends: late ranks waited for as long as torch
+would and named, the call's timeout, and the keys a call leaves.
 
-A rank that has published its weight (``agreement.py``) waits for the call's outcome up
-to the call's timeout: torch's default for the backend (30 minutes on gloo, 10 on
-NCCL), as torch's own group creation waits for a late rank. torch waits in silence;
-fmesh logs a warning on the ``fmesh`` logger every ``WARN_INTERVAL`` seconds of a
-rank's wait, naming the ranks that have not arrived and the call.
+A rank waits for its peers inside a creating call (their groups' rendezvous, the
+closing round) up to the call's timeout: torch's default for the backend (30 minutes
+on gloo, 10 on NCCL), as torch's own group creation waits for a late rank. torch waits
+in silence; fmesh logs a warning on the ``fmesh`` logger every ``WARN_INTERVAL``
+seconds of a rank's wait, naming the ranks that have not arrived. Who is present is
+kept only for calls that wait long, at a constant cost per waiting rank:
 
-Who has arrived is not in the decision register (a sum of weights counts ranks, it
-does not name them), and asking every rank would cost O(world) requests. So the list
-is kept only for calls that wait long, at a constant cost per waiting rank:
+* a wait shorter than a quarter of ``WARN_INTERVAL`` costs nothing more;
+* past it, a waiting rank lists itself in ``P+"arr"`` (the first to do so is the
+  *reporter*: it reads the list once an interval and publishes the ranks missing from
+  it in ``P+"late"``, the only O(world) read, and every warning reads that short key);
+* at the timeout, the first rank to get there coordinates a census: it sets the
+  verdict to ``census`` (every waiting rank lists itself at its next read) and reads
+  the list once. If a rank is missing, it adds ``POISON`` to the count (a late rank
+  reads it there) and publishes the ranks missing (``timeout``); if every rank is
+  there, only slow, it calls the census off (the verdict ``""``) and holds another a
+  timeout later.
 
-* A wait shorter than a quarter of ``WARN_INTERVAL`` costs nothing more (the common
-  case: one wait, as before).
-* Past it, a waiting rank appends itself to ``P+"arr"``. The first to do so creates the
-  key (``compare_set``) and adds ``CENSUS`` to the sum: every rank that arrives later
-  reads that in its sum and lists itself at once. So after two thirds of an interval
-  the list holds every rank that has arrived.
-* That first rank, the *reporter*, reads the list at two thirds of an interval into
-  its wait and once an interval after, and publishes the ranks missing from it in
-  ``P+"late"`` (at most ``_MAX_LISTED`` named, then a count): the only O(world) read, one
-  per interval for the whole call. Every waiting rank's warning reads that short key.
-* The reporter adds ``LISTED`` to ``P+"done"`` with its read, and the last reader
-  removes both keys; a failed call's last rank removes them with the others.
-
-So a waiting rank makes 1 or 2 requests for its listing, and 1 per warning; the
-reporter 2 more per interval. The protocol: ``docs/design/agreement-protocol.md``.
+A call that ended well leaves its count and ``ok`` to its stream's next call (whose
+last rank out removes them: it knows every rank left this one). A failed call's keys
+go once every rank of it is out, except the verdict, which stays until every rank it
+names (lost, or missing) has read it. The protocol: ``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
 import math
 import time
 from typing import TYPE_CHECKING
 
 from .._compat.interruptible import peek
-from .records import CENSUS, Ticket, append, read_done, timed_out, wait_get
+from .._core.errors import MeshMismatchError
+from .records import ABORT, POISON, Ticket, append, wait_get
 
 if TYPE_CHECKING:
     from .._compat import Store
 
-__all__ = ["WARN_INTERVAL", "wait_done"]
+__all__ = [
+    "WARN_INTERVAL",
+    "Arrivals",
+    "clean_previous",
+    "forget_pending",
+    "leave",
+    "timeout_error",
+]
 
 logger = logging.getLogger("fmesh")
 
 WARN_INTERVAL = 60.0
 """Seconds between two warnings of a rank waiting for late ranks (tests shorten it)."""
-
 _MAX_LISTED = 32
-"""Late ranks named one by one in a warning; the rest are counted."""
+"""Late ranks named one by one in a message; the rest are counted."""
+_KEYS = ("n", "ok", "mm", "full", "arr", "late", "to", "failed")
+_VERDICT = ("end", "lost", "by", "miss", "verdict", "gone", "read")
+
+MISSING_HELP = (
+    "Every rank must make the same realize() calls in the same order (per process, or "
+    "per fmesh.stream(name) block). Check the missing ranks' logs; "
+    "if they are only slow (e.g. still loading data), pass a longer "
+    "realize(timeout=...)."
+)
 
 
-def wait_done(
-    conn: Store, ticket: Ticket, w: int, timeout: datetime.timedelta, listing: bool
-) -> Ticket:
-    """Wait for the outcome of ``ticket``'s call up to ``timeout``, warning each
-    ``WARN_INTERVAL`` (see the module docstring). ``listing``: this rank's sum carried
-    ``CENSUS``, so it lists itself at once."""
-    import torch.distributed as dist
-
-    p, total, interval = ticket.prefix, timeout.total_seconds(), WARN_INTERVAL
-    start = time.monotonic()
-    if listing:
-        append(conn, p + "arr", f"{ticket.rank},")
-    first = min(total, interval / 4)
-    try:
-        conn.wait([p + "done"], datetime.timedelta(seconds=first))
-        return read_done(conn, ticket)
-    except dist.DistStoreError:
-        if first >= total:
-            return timed_out(conn, ticket, w, timeout)
-    opened = False
-    report_at = math.inf
-    warn_at = interval
-    report: str | None = None
-    while True:
-        now = time.monotonic() - start
-        if now >= total:
-            return timed_out(conn, ticket, w, timeout, opened)
-        if not listing:
-            listing = True
-            opened = _list(conn, ticket)
-            report_at = interval * 2 / 3 if opened else math.inf
-        elif now >= report_at:
-            report = _report(conn, ticket)
-            report_at += interval
-        elif now >= warn_at:
-            _warn(conn, ticket, now, total, report)
-            warn_at += interval
-        elif wait_get(conn, p + "done", min(total, warn_at, report_at) - now) is not None:
-            # A wait of this client timed out: trust no wait, read (wait_get does).
-            return read_done(conn, ticket, opened)
+def _grace(n: int, interval: float) -> float:
+    """Seconds to wait for peers that are known to be awake (failure paths)."""
+    return 2 * interval + 2.0 + n / 2000
 
 
-def _list(conn: Store, ticket: Ticket) -> bool:
-    """Append this rank to the list of arrivals; whether it opened the list."""
-    p, me = ticket.prefix, f"{ticket.rank},"
-    if conn.compare_set(p + "arr", "", me).decode() != me:
-        append(conn, p + "arr", me)
-        return False
-    if conn.add(p + "n", CENSUS) == CENSUS:  # the call completed and its sum is gone
-        conn.delete_key(p + "n")
-    return True
+def _ranks(raw: bytes | None) -> set[int]:
+    return {int(r) for r in (raw or b"").decode().split(",") if r}
 
 
-def _report(conn: Store, ticket: Ticket) -> str:
-    """The reporter: publish the ranks missing from the list of arrivals."""
-    raw = peek(conn, ticket.prefix + "arr")
-    here = {int(r) for r in (raw or b"").decode().split(",") if r}
-    missing = [r for r in ticket.ranks if r not in here]
-    text = ", ".join(map(str, missing[:_MAX_LISTED]))
-    if len(missing) > _MAX_LISTED:
-        text += f", ... ({len(missing)} in all)"
-    conn.set(ticket.prefix + "late", text)
+def _listed(ranks: list[int]) -> str:
+    text = ", ".join(map(str, ranks[:_MAX_LISTED]))
+    if len(ranks) > _MAX_LISTED:
+        text += f", ... ({len(ranks)} in all)"
     return text
 
 
-def _warn(
-    conn: Store, ticket: Ticket, waited: float, total: float, report: str | None
-) -> None:
-    """Log that this rank is still waiting, naming the ranks not there (as the
-    reporter last published them)."""
-    if report is None:
-        raw = peek(conn, ticket.prefix + "late")
-        report = None if raw is None else raw.decode()
-    if report == "":
-        return  # every rank is there: the outcome is on its way
-    who = "ranks not known yet" if report is None else f"ranks [{report}]"
-    logger.warning(
-        "fmesh: rank %d has waited %.0f s at %s (%s) for %s, which have not reached it; "
-        "it waits up to %.0f s in all (the call's timeout), then raises "
-        "MeshMismatchError naming them",
-        ticket.rank,
-        waited,
-        ticket.where,
-        ticket.summary,
-        who,
-        total,
-    )
+class Arrivals:
+    """One rank's slow path of a call's waits (module docstring)."""
+
+    def __init__(self, ticket: Ticket, patience: float, interval: float) -> None:
+        self.t = ticket
+        self.patience = patience
+        self.interval = interval
+        self.listed = False
+        self.reporter = False
+        self.report_at = math.inf
+        self.warn_at = WARN_INTERVAL
+        self.report: str | None = None
+        self.census_at = patience
+
+    def tick(self, conn: Store, waited: float) -> bool:
+        """At a slice's end, ``waited`` seconds into the call: at most one request of
+        the slow path; whether the call is over (its timeout's verdict is out)."""
+        if waited >= self.census_at:
+            return self._timed_out(conn, waited)
+        if not self.listed and waited >= WARN_INTERVAL / 4:
+            if self.present(conn):
+                self.reporter, self.report_at = True, WARN_INTERVAL * 2 / 3
+        elif self.reporter and waited >= self.report_at:
+            self.report = self._report(conn)
+            self.report_at += WARN_INTERVAL
+        elif waited >= self.warn_at:
+            self._warn(conn, waited)
+            self.warn_at += WARN_INTERVAL
+        return False
+
+    def present(self, conn: Store) -> bool:
+        """List this rank as present (once); whether it opened the list."""
+        if self.listed:
+            return False
+        self.listed = True
+        p, me = self.t.prefix, f"{self.t.rank},"
+        if conn.compare_set(p + "arr", "", me).decode() == me:
+            return True
+        append(conn, p + "arr", me)
+        return False
+
+    def _report(self, conn: Store) -> str:
+        """The reporter: publish the ranks missing from the list."""
+        here = _ranks(peek(conn, self.t.prefix + "arr"))
+        text = _listed([r for r in self.t.ranks if r not in here])
+        conn.set(self.t.prefix + "late", text)
+        return text
+
+    def _warn(self, conn: Store, waited: float) -> None:
+        report = self.report
+        if report is None:
+            raw = peek(conn, self.t.prefix + "late")
+            report = None if raw is None else raw.decode()
+        if report == "":
+            return  # every rank is there: the outcome is on its way
+        who = "ranks not known yet" if report is None else f"ranks [{report}]"
+        logger.warning(
+            "fmesh: rank %d has waited %.0f s at %s (%s) for %s, which have not reached "
+            "it; it waits up to %.0f s in all (the call's timeout), then raises "
+            "MeshMismatchError naming them",
+            self.t.rank,
+            waited,
+            self.t.where,
+            self.t.summary,
+            who,
+            self.patience,
+        )
+
+    def _timed_out(self, conn: Store, waited: float) -> bool:
+        """The call's timeout: the first rank there coordinates a census; every rank
+        present lists itself. If every rank is present (only slow), the census is
+        called off and held again a timeout later; else the call ends, naming the
+        ranks missing. The others follow its verdict."""
+        t, p = self.t, self.t.prefix
+        if waited < self.census_at:
+            return False
+        self.census_at += self.patience
+        me = f"T{t.rank}"
+        if conn.compare_set(p + "to", "", me).decode() != me:
+            return False  # another rank coordinates: its verdict comes with the reads
+        if conn.compare_set(p + "end", "", "census").decode() != "census":
+            return True  # another verdict came first
+        self.present(conn)
+        time.sleep(_grace(t.n, self.interval))
+        here = _ranks(peek(conn, p + "arr"))
+        missing = [r for r in t.ranks if r not in here]
+        if not missing:  # every rank is here, only slow: wait on
+            conn.compare_set(p + "end", "census", "")
+            return False
+        if conn.add(p + "n", POISON) % ABORT >= t.n:
+            return False  # the last rank got out meanwhile: the call succeeded
+        conn.set(p + "miss", ",".join(map(str, missing)))
+        conn.set(
+            p + "verdict",
+            f"ranks [{_listed(missing)}] never reached {t.where} within "
+            f"{self.patience:g}s (rank {t.rank} waited, realizing {t.summary}). They may "
+            "have died, be stuck, have skipped this call, or have realized a mesh they "
+            "already had (a memo hit, which takes no part in agreement: such a rank "
+            "raises at its next realize call that creates groups). " + MISSING_HELP,
+        )
+        conn.compare_set(p + "end", "census", "timeout")
+        return True
+
+    def verdict(self, conn: Store) -> MeshMismatchError:
+        """The error of a call its ranks gave up on at its timeout."""
+        return timeout_error(conn, self.t, 2 * _grace(self.t.n, self.interval))
+
+
+def timeout_error(conn: Store, t: Ticket, wait: float) -> MeshMismatchError:
+    """The error of a call its ranks gave up on at its timeout (waiting ``wait``
+    seconds for the coordinator's verdict): this rank stopped at it, or arrived after."""
+    raw = wait_get(conn, t.prefix + "verdict", wait)
+    late = t.rank in _ranks(peek(conn, t.prefix + "miss"))
+    mine = t.record()
+    if raw is None:
+        why = (
+            "the call was aborted after a timeout, and the rank coordinating the "
+            f"abort published no verdict (it may have died). {MISSING_HELP}"
+        )
+    else:
+        why = raw.decode()
+    when = "arrived after the other ranks gave up on" if late else "stopped at"
+    history = f" (after {mine.history} since its last agreement)" if mine.history else ""
+    return MeshMismatchError(f"rank {t.rank} {when} {t.where}{history}: {why}")
+
+
+_pending: dict[str, tuple[object, tuple[str, ...]]] = {}
+"""Per stream: the store and the keys of its last call that ended well."""
+
+
+def forget_pending() -> None:
+    """The runtime's memo was reset: its calls' keys belong to another world."""
+    _pending.clear()
+
+
+def clean_previous(ticket: Ticket, last: bool) -> None:
+    """This rank is out of a call that ended well: the last rank out removes the
+    stream's previous call's keys (every rank left it); this call's keys wait for the
+    next call."""
+    stream = ticket.prefix.rstrip("/").rpartition("/")[0]
+    store, keys = _pending.get(stream, (None, ()))
+    if last and store is ticket.store:
+        for key in keys:
+            ticket.conn.delete_key(key)
+    _pending[stream] = (ticket.store, (ticket.prefix + "n", ticket.prefix + "ok"))
+
+
+def leave(ticket: Ticket, named: bool, lost: tuple[int, ...]) -> None:
+    """This rank is out of a failed call. Its keys go once every other rank of it is
+    out (``P+"gone"`` counts them); its verdict once, besides, every rank the verdict
+    names (``lost``, or missing at a timeout) has read it (``P+"read"``): ``named``
+    says this rank is one of them."""
+    conn, p = ticket.conn, ticket.prefix
+    accused = set(lost) | _ranks(peek(conn, p + "miss"))
+    if named or ticket.rank in accused:
+        if conn.add(p + "read", 1) >= len(accused) and conn.add(p + "gone", 0) >= (
+            ticket.n - len(accused)
+        ):
+            for key in _VERDICT:
+                conn.delete_key(p + key)
+        return
+    if conn.add(p + "gone", 1) < ticket.n - len(accused):
+        return
+    for key in _KEYS:
+        conn.delete_key(p + key)
+    if conn.add(p + "read", 0) >= len(accused):
+        for key in _VERDICT:
+            conn.delete_key(p + key)

@@ -1,27 +1,21 @@
 """No rank waits for a dead peer while a realize call creates groups, and no live rank
-is taken for dead: the entry points ``realize`` and ``groups`` use.
+is taken for dead: the entry points ``creation.py`` and ``groups.py`` use.
 
-Liveness comes from each rank's *sentinel* (``sentinel.py``), a child process that
-beats over TCP while its rank's process exists, whatever that process is doing (stopped,
-swapping, a thread holding the GIL). Before the agreement of a creating call, each
-rank makes sure its sentinel runs and its address is in the store (``prepare``: one
-request, once per process). From the agreement to the end of the call, a *watch*
-(``watch.py``) on every rank holds one connection to the sentinel of its successor on
-the ring of the call's ranks: end of file (the process died) or ``silence`` seconds
-without a byte (its host or network died) make the peer lost; the watcher publishes
-the verdict under the call's keys, and every waiting rank reads it once per interval
-(in the slices of its waits, ``_compat/interruptible.py``) and raises
-``PeerLostError``. A rank whose own sentinel died, or whom the verdict names, learns
-it was given up on at its next slice; a gloo construction runs in a worker thread, so
-it never keeps its rank in gloo's connect (``creating``). Memo hits run no watch;
-``FMESH_PEER_WATCH=0`` turns it off. Design, costs and bounds:
-``docs/design/liveness.md``.
+A rank is alive for its peers until its process has exited: its kernel keeps its
+liveness port (``port.py``) for it, whatever the process is doing. Before a creating
+call's record, each rank opens its port and publishes its address (``prepare``: one
+request, once per process). During the call, its ``Watch`` (``watch.py``), run by the
+threads that wait, asks its kernel about the link to its successor on the ring of the
+call's ranks and reads the call's verdict once per interval; a gloo construction runs
+on a kept worker thread (``workers.py``), so a given-up call never keeps its rank in
+gloo's connect (``creating``). Memo hits run no watch; ``FMESH_PEER_WATCH=0`` turns
+the port and the links off (the call's verdict, timeout and mismatch handling stay).
+Design, costs and bounds: ``docs/design/liveness.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import datetime
 import logging
 import os
@@ -29,24 +23,21 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar, cast
 
-from . import agreement as _agree
-from . import sentinel as _sentinel
+from . import port, workers
+from .connections import store_address, thread_store
 from .records import Ticket
-from .watch import Watch, pending, stream_of
+from .watch import Watch
 
 if TYPE_CHECKING:
     from .._compat import Store
 
 __all__ = [
     "Watch",
-    "active",
-    "after_agreement",
+    "abandoned",
     "creating",
     "current",
     "enabled",
     "prepare",
-    "start",
-    "store_for_creation",
     "warm",
     "watching",
 ]
@@ -63,8 +54,8 @@ _local = threading.local()
 
 
 def enabled() -> bool:
-    """Whether creating calls run a watch: on unless ``FMESH_PEER_WATCH`` is off (``0``,
-    ``false``, ``off``, ``no``; read at each call)."""
+    """Whether creating calls watch their peers' liveness: on unless
+    ``FMESH_PEER_WATCH`` is off (``0``, ``false``, ``off``, ``no``; read at each call)."""
     from .._compat.hook import switch
 
     return switch(
@@ -75,9 +66,14 @@ def enabled() -> bool:
     )
 
 
+def _host(store: object) -> str | None:
+    address = store_address(store)
+    return address[0] if address is not None else os.environ.get("MASTER_ADDR")
+
+
 def warm() -> None:
-    """Start this process's sentinel while a creating call is laid out (it listens
-    by the time ``prepare`` needs its port), if the call may have peers."""
+    """Open this process's port while a creating call is laid out, if it may have
+    peers (it costs a bind and a thread start, once per process)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -85,140 +81,78 @@ def warm() -> None:
             return
         from .._compat import default_store
 
-        _sentinel.mine(_store_host(default_store()))
+        port.mine(_host(default_store()))
     elif int(os.environ.get("WORLD_SIZE", "1")) > 1 and enabled():
-        _sentinel.mine(os.environ.get("MASTER_ADDR"))
+        port.mine(os.environ.get("MASTER_ADDR"))
 
 
 def prepare(store: Store, rank: int) -> None:
-    """Before the agreement of a call that will be watched: this process's sentinel
-    runs, and its address is in ``store`` (one request, the first time per sentinel),
-    so every watcher finds it once the agreement ends."""
-    s = _sentinel.mine(_store_host(store))
-    if s.published is not store:
-        _agree.thread_store(store).set(_sentinel.KEY + str(rank), s.address.text())
-        s.published = store
-
-
-def _store_host(store: object) -> str | None:
-    """The host of the TCPStore under ``store`` (through its prefix stores), else
-    ``MASTER_ADDR``."""
-    for _ in range(8):
-        host = getattr(store, "host", None)
-        if isinstance(host, str) and host:
-            return host
-        store = getattr(store, "underlying_store", None)
-        if store is None:
-            break
-    return os.environ.get("MASTER_ADDR")
-
-
-def after_agreement(ticket: Ticket) -> None:
-    """Every rank of ``ticket`` left its stream's previous call: the call's first rank
-    deletes what that call left (two keys, if it ended well)."""
-    store, keys = pending.pop(stream_of(ticket.prefix), (None, ()))
-    if keys and store is ticket.store and ticket.rank == ticket.ranks[0]:
-        for key in keys:
-            ticket.conn.delete_key(key)
-
-
-def start(ticket: Ticket | None, timeout: datetime.timedelta | None) -> Watch | None:
-    """A watch for a creating call whose agreement counts a closing barrier."""
-    global started
-    if ticket is None or not ticket.closing or len(ticket.ranks) <= 1:
-        return None
-    started += 1
-    return Watch(ticket, timeout)
+    """Before a watched call's record: this process's port is open, and its address is
+    in ``store`` (one request, the first time per port and store)."""
+    p = port.mine(_host(store))
+    if p.published is not store:
+        thread_store(store).set(port.KEY + str(rank), p.address.text())
+        p.published = store
 
 
 @contextlib.contextmanager
 def watching(
-    ticket: Ticket | None, timeout: datetime.timedelta | None
+    ticket: Ticket, patience: datetime.timedelta, timeout: datetime.timedelta | None
 ) -> Iterator[Watch | None]:
-    """``start``, the watch this thread's current one (``current()``) for the block."""
-    with active(start(ticket, timeout)) as watch:
-        yield watch
-
-
-@contextlib.contextmanager
-def active(watch: Watch | None) -> Iterator[Watch | None]:
-    """Make ``watch`` this thread's current one (``current()``) for the block."""
+    """The call's watch (none for a call of one rank), this thread's current one for
+    the block; closed when the block ends."""
+    global started
+    watch = None
+    if ticket.n > 1:
+        started += 1
+        watch = Watch(ticket, patience, timeout, liveness=enabled())
     previous = getattr(_local, "watch", None)
     _local.watch = watch
     try:
         yield watch
     finally:
         _local.watch = previous
+        if watch is not None:
+            watch.close()
 
 
 def current() -> Watch | None:
     return cast("Watch | None", getattr(_local, "watch", None))
 
 
-def store_for_creation(store: Store, backend: str) -> Store:
-    """The store a group creation should wait in: the current watch's interruptible
-    one (gloo's rendezvous ends with its constructor), else this thread's own
-    connection. torch's legacy NCCL backend keeps its store for threads of its own (its
-    watchdog and monitor read it while the group lives), which must not call into
-    Python: its unique-id exchange is not cut short, and raises ``PeerLostError`` at
-    its timeout. torch 2.15's nccl2 reads its store only while it is created: it waits
-    in the watch's store (``docs/design/nccl.md``)."""
+def creating(backend: str, store: Store, make: Callable[[Store], T]) -> T:
+    """``make(s)`` with ``s`` the store a creation of ``backend`` should wait in. Under
+    a watch: gloo's on a worker thread (its own connection, waits sliced) while this
+    thread watches, so a given-up call raises here at once (``DistNetworkError``, which
+    the caller turns into the verdict's error) and leaves the worker to end at the
+    group's timeout; NCCL's in this thread, in the watch's store where its creation
+    reads the store only while it is made (torch 2.15's nccl2: ``docs/design/nccl.md``),
+    else on this thread's plain connection (legacy NCCL keeps its store for native
+    threads of its own, which must not call into Python). Without a watch, on this
+    thread's connection."""
+    import torch.distributed as dist
+
     from .._compat.nccl import creation_waits_in_given_store
 
     watch = current()
-    # NCCL (issue 33, item 6): the one point where a NCCL creation meets the watch.
-    nccl = "nccl" in backend.lower()
-    if watch is not None and (not nccl or creation_waits_in_given_store(backend)):
-        return watch.store
-    return _agree.thread_store(store)
-
-
-def creating(backend: str, make: Callable[[], T]) -> T:
-    """``make()``; for gloo under a watch, in a worker thread while this thread
-    watches: gloo connects its pairs in native code that nothing cancels, so a
-    given-up call raises here at once (``DistNetworkError``, which the caller turns
-    into the verdict's error) and leaves the worker to end at the group's timeout; a
-    group it makes after that is destroyed, never handed out."""
-    import torch.distributed as dist
-
-    watch = current()
-    if watch is None or "nccl" in backend.lower():
-        return make()
-    box: list[tuple[bool, object]] = []
-    lock, done, late = threading.Lock(), threading.Event(), [False]
-    context = contextvars.copy_context()  # the caller's (group descriptions, stream)
-
-    def work() -> None:
-        try:
-            box.append((True, context.run(make)))
-        except BaseException as err:  # handed to the caller, or dropped if late
-            box.append((False, err))
-        with lock:
-            done.set()
-            left = late[0]
-        if left and box[0][0] and box[0][1] is not None:
-            _destroy_late(box[0][1])
-
-    rank = watch.ticket.rank
-    threading.Thread(target=work, name=f"fmesh-create-{rank}", daemon=True).start()
-    while not done.wait(min(0.1, watch.interval)):
-        if watch.cancelled():
-            with lock:
-                if not done.is_set():
-                    global abandoned
-                    abandoned += 1
-                    late[0] = True
-                    logger.warning(
-                        "fmesh: rank %d leaves a group creation blocked in torch (its "
-                        "thread ends at the group's timeout)",
-                        rank,
-                    )
-                    raise dist.DistNetworkError("fmesh: this call was given up")
-            break
-    ok, value = box[0]
-    if not ok:
-        raise cast("BaseException", value)
-    return cast("T", value)
+    if watch is None:
+        return make(thread_store(store))
+    if "nccl" in backend.lower():
+        conn = thread_store(store)
+        return make(watch.store_for(conn) if creation_waits_in_given_store(backend) else conn)
+    handle = workers.submit(lambda: make(watch.store_for(thread_store(store))))
+    conn = watch.ticket.conn
+    while not handle.wait(watch.interval):
+        if watch.cancelled(conn) and handle.abandon(_destroy_late):
+            global abandoned
+            abandoned += 1
+            logger.warning(
+                "fmesh: rank %d leaves a group creation blocked in torch (its thread ends "
+                "at the group's timeout)",
+                watch.ticket.rank,
+            )
+            raise dist.DistNetworkError("fmesh: this call was given up")
+    return handle.result()
 
 
 def _destroy_late(pg: object) -> None:

@@ -1,16 +1,22 @@
-"""One creating call's watch on one rank: the thread that watches the next rank's
-sentinel, the verdict it publishes, the closing barrier, and the waits that end when
-the call is given up.
+"""One creating call's watch on one rank, run by the threads that wait, with no thread
+of its own.
 
-The keys of a call with agreement prefix ``P`` (``n`` ranks): ``P+"done"`` counts the
-ranks that read the agreement's outcome, then (to ``2n``) the ranks that made their
-groups, and takes ``LOSS`` from a rank that ends the call badly (so the last rank
-out and a watcher that finds a loss cannot both win); ``P+"w/ok"`` wakes the closing
-barrier (only the last rank out writes it, and nobody reads it without waiting: a
-``compare_set`` of a missing key wakes its waiters on torch's store); ``P+"w/end"``
-is the verdict (``lost`` or ``fail:<why>``), ``lost`` and ``by`` name the lost ranks
-and their finder, ``gone`` counts survivors out of a failed call. The protocol:
-``docs/design/liveness.md``.
+Every wait of a creating call (a group's rendezvous, a gloo construction, the closing
+round) is cut into slices (``_compat/interruptible.py``); at each slice's end the
+waiting thread asks ``cancelled``, which
+
+* asks its kernel about the link to the rank's successor on the ring of the call's
+  ranks (``links.py``: one ``recv`` that does not wait), after the call's first second
+  (a call that ends sooner makes no link and reads no address);
+* reads the call's verdict ``P+"end"`` once per interval;
+* keeps the slow path of a long wait (``arrivals.py``: the ranks present, a warning
+  a minute, the call's timeout).
+
+A successor gone (its port refused, or its host silent for ``silence`` seconds) makes
+the watcher walk on along the ring to the next live rank, and declare every rank it
+passed lost (``_declare``). A rank that learns that it was declared lost, or that
+cannot reach the store any more, was *given up on*. The verdict and its keys stay until
+every rank it names has read it (``close``). The protocol: ``docs/design/liveness.md``.
 """
 
 from __future__ import annotations
@@ -20,381 +26,385 @@ import datetime
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
-from .._compat.interruptible import Gate, interruptible_store, peek
+from .._compat.interruptible import interruptible_store, peek
 from .._core.errors import MeshMismatchError, PeerLostError
-from . import agreement as _agree
-from . import sentinel as _sentinel
-from .records import Ticket, append
+from . import agreement, arrivals, links, port
+from .records import ABORT, Ticket, append, wait_get
 
-__all__ = [
-    "GRACE",
-    "INTERVAL",
-    "LOSS",
-    "RATE",
-    "SILENCE",
-    "Watch",
-    "forget_addresses",
-    "pending",
-    "settings",
-    "stream_of",
-]
+if TYPE_CHECKING:
+    from .._compat import Store
+
+__all__ = ["GRACE", "INTERVAL", "RATE", "SILENCE", "Watch", "forget_addresses", "settings"]
 
 logger = logging.getLogger("fmesh")
 
 INTERVAL = 1.0
-"""The least seconds between two reads of a call's outcome by a waiting rank."""
+"""The least seconds between two reads of a call's verdict by a waiting rank."""
 RATE = 20_000.0
 """Store requests per second that every waiting rank's reads may cost together (the
 interval grows with the world to keep to it: ``settings``)."""
-SILENCE = 10.0
-"""Seconds a sentinel may send nothing before its rank is lost (its host or network
-is gone; a dead process is found at once, by end of file)."""
-FLOOR = 4.0
-"""The least silence a shorter ``timeout`` brings."""
+SILENCE = 8.0
+"""Seconds without an answer from a peer's host (TCP keepalive) before it is lost."""
 GRACE = 3.0
-"""Seconds a watcher that found a loss waits before publishing the end, so that
+"""Seconds a watcher that found a loss waits before publishing the verdict, so that
 ranks that died at the same moment, found by other watchers, are named too."""
-LOSS = 1 << 24
-"""Added to the call's counter by a rank that ends the call badly: more than any
-count of its ranks, far less than the agreement's ``ABORT``."""
+_WALK = 8
+"""Ranks connected to at once when walking the ring past dead ones."""
 
-
-_addresses: dict[int, _sentinel.Address] = {}
-"""Peers' sentinel addresses read so far (one read per peer, not per call)."""
-pending: dict[str, tuple[object, tuple[str, ...]]] = {}
-"""Per stream: the store and the keys of its last call that ended well, deleted by
-its next agreed call (whose agreement proves every rank left it)."""
+_addresses: dict[int, port.Address] = {}
+"""Peers' port addresses read so far (one read per peer, not per call)."""
+_links: dict[int, links.Link] = {}
+"""This process's links to its peers' ports, kept across calls."""
 
 
 def forget_addresses() -> None:
-    """Read every peer's sentinel address anew: the runtime calls this when its memo
-    is reset (``destroy``, a new default process group), whose ranks may be other
+    """Forget every peer's address and link: the runtime calls this when its memo is
+    reset (``destroy``, a new default process group), whose ranks may be other
     processes."""
     _addresses.clear()
+    for link in _links.values():
+        link.close()
+    _links.clear()
 
 
 def settings(ranks: int, timeout: datetime.timedelta | None) -> tuple[float, float]:
     """(interval, silence) in seconds for a call of ``ranks`` ranks: the interval is
     ``max(INTERVAL, 2 * ranks / RATE)`` (a waiting rank sends 2 requests per
     interval), shortened to a quarter of a shorter ``timeout``; the silence is
-    ``SILENCE``, or half of a shorter timeout but not under ``FLOOR`` seconds.
+    ``SILENCE``, or half of a shorter timeout, not under 2 seconds.
 
     >>> settings(4, None), settings(2**17, None)
-    ((1.0, 10.0), (13.1072, 10.0))
+    ((1.0, 8.0), (13.1072, 8.0))
     >>> settings(4, datetime.timedelta(seconds=6)), settings(4, datetime.timedelta(seconds=2))
-    ((1.0, 4.0), (0.5, 2.0))
+    ((1.0, 3.0), (0.5, 2.0))
     """
     interval = max(INTERVAL, 2 * ranks / RATE)
     silence = SILENCE
     if timeout is not None:
         t = timeout.total_seconds()
         interval = max(0.05, min(interval, t / 4))
-        silence = max(0.5, min(SILENCE, max(t / 2, min(FLOOR, t))))
+        silence = max(2.0, min(SILENCE, t / 2))
     return interval, silence
 
 
 class Watch:
-    """One creating call's watch on this rank (see the module docstring)."""
+    """One creating call's watch on this rank (module docstring)."""
 
-    def __init__(self, ticket: Ticket, timeout: datetime.timedelta | None) -> None:
+    def __init__(
+        self,
+        ticket: Ticket,
+        patience: datetime.timedelta,
+        timeout: datetime.timedelta | None,
+        liveness: bool,
+    ) -> None:
         self.ticket = ticket
-        self.n = len(ticket.ranks)
-        self.p = ticket.prefix + "w/"
-        self.count = ticket.prefix + "done"
-        """The agreement's count of ranks that read its outcome, then (to ``2n``) of
-        ranks that made their groups; ``LOSS`` once the call ended badly."""
+        self.n = ticket.n
+        self.p = ticket.prefix
         self.interval, self.silence = settings(self.n, timeout)
-        self._sentinel = _sentinel.started()
+        self.patience = patience
+        self.liveness = liveness
+        self.start = time.monotonic()
+        self._last_read = self.start
+        self._link_due = self.start + min(self.interval, INTERVAL)
+        self._link: links.Link | None = None
+        self._asked = False
+        """An address was read in this call already (later reads add to the verdict's)."""
         self._broken = False
         self._given_up = ""
-        """Why the other ranks give up on this one (its sentinel died)."""
+        """Why the other ranks give up on this one ("" while they do not)."""
         self._ok = False
         self._lock = threading.Lock()
-        self._last_read = time.monotonic()
-        """The last read of the interval's budget: the outcome, or an address (first)."""
-        if ticket.ranks[(ticket.ranks.index(ticket.rank) + 1) % self.n] not in _addresses:
-            self._last_read += min(self.interval, INTERVAL)  # its first: ``_address``
-        self._gate = Gate()
-        self._conn = ticket.conn
-        """This thread's connection, shared with the watch thread (turns: ``_gate``)."""
+        self.arrivals = arrivals.Arrivals(ticket, patience.total_seconds(), self.interval)
+
+    # -- the waiting threads ----------------------------------------------------------
+
+    def store_for(self, conn: Store) -> Store:
+        """``conn`` with its waits cut into slices that end once the call is given up
+        (each slice's end asks ``cancelled`` on ``conn``), and last until then: the
+        call's timeout is the watch's (``arrivals.py``: a rank missing then), not the
+        one a group's rendezvous counts from this rank's own start."""
         why = "fmesh: this call was given up (a rank was lost or failed): waiting stopped"
-        self.store = interruptible_store(
-            self._conn, self.cancelled, self.interval, why, self._gate
+        return interruptible_store(
+            conn, lambda: self.cancelled(conn), self.interval, why, patient=True
         )
-        """Where this call's gloo creations and closing barrier wait: the same
-        connection, waits sliced, each slice end reading the outcome once per interval."""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"fmesh-watch-{ticket.rank}", daemon=True
-        )
-        self._thread.start()
 
-    # -- the waiting threads ------------------------------------------------------------
-
-    def cancelled(self) -> bool:
-        """Whether the call was given up; reads its outcome once per interval."""
-        if self._broken:
-            return True
-        s = self._sentinel
-        if s is not None and not s.alive():
-            self._give_up(s.why())
-            return True
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last_read < self.interval:
-                return False
-            self._last_read = now
-        with self._gate.turn():
-            end = peek(self._conn, self.p + "end")
-        if end is not None:
-            self._break()
-        return self._broken
-
-    # -- the watch thread ---------------------------------------------------------------
-
-    def _run(self) -> None:
-        t = self.ticket
-        ranks = list(t.ranks)
-        me = ranks.index(t.rank)
-        own = self._sentinel
-        step, found, why = 1, [], ""
-        link: _sentinel.Link | None = None
-        try:
-            while not self._stop.is_set():
-                if link is None:
-                    peer = ranks[(me + step) % self.n]
-                    if peer == t.rank:  # every other rank is gone
-                        break
-                    link = self._connect(peer)
-                    if link is None:
-                        return
-                if link.closed:
-                    found.append(peer)
-                    why = why or link.closed
-                    link, step = None, step + 1
-                    continue  # the next rank along the ring at once
-                if found:
-                    self._declare(found, why)
-                    return
-                self._listen(link, own)
-                if self._given_up:  # its own watcher sees its sentinel's end too
-                    return
-        except Exception as err:  # the store is gone: the caller's own wait says so
-            logger.debug("fmesh: watch of rank %d stopped: %s", t.rank, err)
-        finally:
-            if link is not None:
-                link.close()
-        if found:
-            with contextlib.suppress(Exception):
-                self._declare(found, why)
-
-    def _connect(self, peer: int) -> _sentinel.Link | None:
-        """A link to ``peer``'s sentinel (its address read once per process, after a
-        second: a shorter call costs no read); ``None`` if the watch stopped first."""
-        cached = _addresses.get(peer)
-        if cached is None:
-            if self._stop.wait(min(self.interval, INTERVAL)):
-                return None
-            cached = self._address(peer)
-        link = _sentinel.Link(cached, self.silence)
-        if link.closed:  # a stale address? (the peer may have started a new sentinel)
-            fresh = self._address(peer)
-            if fresh != cached:
-                link = _sentinel.Link(fresh, self.silence)
-        return link
-
-    def _address(self, peer: int) -> _sentinel.Address:
-        key = _sentinel.KEY + str(peer)
-        with self._gate.turn():
-            raw = peek(self._conn, key)
-        with self._lock:  # in place of the interval's read of the outcome
-            self._last_read = time.monotonic()
-        if raw is None:  # published before its agreement: only a store that lost it
-            raw = self._read(key, self.silence) or b"?|0|?"
-        address = _sentinel.Address.parse(raw)
-        _addresses[peer] = address
-        return address
-
-    def _listen(self, link: _sentinel.Link, own: _sentinel.Sentinel | None) -> None:
-        """Wait up to half a beat for the peer's bytes, or for this rank's own
-        sentinel's end (its stdout pipe reaches end of file)."""
-        ready = link.wait([own.stdout] if own is not None else [], _sentinel.BEAT / 2)
-        if own is not None and ready and own.ended():
-            self._give_up(own.why())
-
-    def _declare(self, lost: list[int], why: str) -> None:
-        """Mark the call lost, name ``lost``, and publish the end after ``GRACE``
-        seconds (at once if the call is closing meanwhile); nothing if the call had
-        already ended well (the next call meets the loss in its agreement)."""
-        conn, p = self._conn, self.p
-        with self._gate.turn():
-            if conn.add(self.count, LOSS) % LOSS >= 2 * self.n:
-                return
-            append(conn, p + "lost", ",".join(map(str, lost)) + ",")
-            conn.compare_set(p + "by", "", f"{self.ticket.rank}\x1f{why}")
-        self._break()
-        self._stop.wait(GRACE)
-        with self._gate.turn():
-            conn.compare_set(p + "end", "", "lost")
-
-    def _give_up(self, why: str) -> None:
-        with self._lock:
-            if not self._given_up:
-                self._given_up = why
-            self._broken = True
-
-    def _break(self) -> None:
-        with self._lock:
-            self._broken = True
-
-    def _read(self, key: str, seconds: float) -> bytes | None:
-        """The value of ``key`` once it exists, waiting at most ``seconds``, in slices
-        of one interval between which the other thread may use the connection."""
+    def cancelled(self, conn: Store) -> bool:
+        """Whether the call was given up (see the module docstring); ``conn`` is the
+        calling thread's own connection."""
         import torch.distributed as dist
 
-        deadline = time.monotonic() + seconds
-        while True:
-            with self._gate.turn():
-                raw = peek(self._conn, key)
-            left = deadline - time.monotonic()
-            if raw is not None or left <= 0:
-                return raw
-            step = datetime.timedelta(seconds=min(self.interval, left))
-            with contextlib.suppress(dist.DistStoreError), self._gate.slice():
-                self._conn.wait([key], step)
+        if self._broken or not self._lock.acquire(blocking=False):
+            return self._broken  # another thread is checking right now
+        try:
+            now = time.monotonic()
+            if self.liveness and now >= self._link_due:
+                self._watch_link(conn, now)
+            if not self._broken and now - self._last_read >= self.interval:
+                self._last_read = now
+                end = peek(conn, self.p + "end")
+                if end == b"census":
+                    self.arrivals.present(conn)
+                elif end:  # b"": a census called off
+                    self._broken = True
+            if not self._broken and self.arrivals.tick(conn, now - self.start):
+                self._broken = True
+        except dist.DistError as err:  # the store is out of reach: this rank is cut off
+            self._cut_off(err)
+        finally:
+            self._lock.release()
+        return self._broken
 
-    # -- the caller ---------------------------------------------------------------------
+    def _cut_off(self, err: BaseException) -> None:
+        first = (str(err).splitlines() or [type(err).__name__])[0][:200]
+        self._given_up = self._given_up or f"it lost its connection to the store ({first})"
+        self._broken = True
 
-    def verdict(self, wait: float = 0.0) -> str | None:
-        """The call's outcome once published (``ok``, ``lost``, ``fail:...``)."""
-        raw = self._read(self.p + "end", wait)
-        return None if raw is None else raw.decode()
+    # -- the link to the successor ----------------------------------------------------
 
-    def lost(self) -> tuple[int, ...]:
-        raw = self._read(self.p + "lost", 0.0)
+    def _watch_link(self, conn: Store, now: float) -> None:
+        t = self.ticket
+        ring = list(t.ranks)
+        me = ring.index(t.rank)
+        peer = ring[(me + 1) % self.n]
+        if self._link is None:
+            link = _links.get(peer)
+            if link is None or link.sock is None:
+                got = self._connect(conn, [peer], now)[peer]
+                if isinstance(got, tuple) and got[0] == "unknown":  # not here yet:
+                    # it publishes its address before its record. Ask again later,
+                    # the verdict read each interval meanwhile.
+                    self._link_due = now + 2 * self.interval
+                    return
+                if not isinstance(got, links.Link):
+                    self._walk(conn, ring, me, [peer], got[1])
+                    return
+                link = _links[peer] = got
+            link.watching(self.silence)
+            self._link = link
+        kind, why = self._link.check()
+        if kind == "closed":  # its process ended, or its port made room: ask again
+            got = self._connect(conn, [peer], now)[peer]
+            if isinstance(got, links.Link):
+                got.watching(self.silence)
+                self._link = _links[peer] = got
+                return
+            kind, why = got
+        if kind:
+            self._link = None
+            _links.pop(peer, None)
+            self._walk(conn, ring, me, [peer], why)
+
+    def _connect(
+        self, conn: Store, peers: list[int], now: float
+    ) -> dict[int, links.Link | tuple[str, str]]:
+        """Links to ``peers`` (their addresses read once per process: the first read
+        takes the place of that interval's read of the verdict); a refused cached
+        address is read again once (the peer may have opened its port anew). A peer
+        with no address yet is ``("unknown", ...)``: it has not reached its first
+        creating call (a rank publishes its address before its record)."""
+        fresh = [p for p in peers if p not in _addresses]
+        for p in fresh:
+            raw = peek(conn, port.KEY + str(p))
+            if raw is not None:
+                _addresses[p] = port.Address.parse(raw)
+        if fresh and not self._asked:
+            self._last_read = now  # the first read of a call, in place of the verdict's
+        self._asked = self._asked or bool(fresh)
+        known = [(p, _addresses[p]) for p in peers if p in _addresses]
+        out = links.connect_all(known, self.silence)
+        for p, got in list(out.items()):
+            if isinstance(got, tuple) and got[0] == "dead" and p not in fresh:
+                raw = peek(conn, port.KEY + str(p))
+                if raw is not None and port.Address.parse(raw) != _addresses[p]:
+                    _addresses[p] = port.Address.parse(raw)
+                    out.update(links.connect_all([(p, _addresses[p])], self.silence))
+        for p in peers:
+            out.setdefault(p, ("unknown", "it has not published its address yet"))
+        return out
+
+    def _walk(self, conn: Store, ring: list[int], me: int, lost: list[int], why: str) -> None:
+        """The ranks after ``lost`` along the ring, several at once, up to the first
+        one that is alive or not here yet (this rank watches it from its next check);
+        declare everyone passed lost."""
+        step = len(lost) + 1
+        while step < self.n:
+            batch = [ring[(me + s) % self.n] for s in range(step, min(step + _WALK, self.n))]
+            got = self._connect(conn, batch, time.monotonic())
+            for i, p in enumerate(batch):
+                found = got[p]
+                if isinstance(found, links.Link) or found[0] == "unknown":
+                    for q in batch[i:]:
+                        other = got[q]
+                        if isinstance(other, links.Link):
+                            _links.setdefault(q, other)
+                    self._declare(conn, lost, why)
+                    return
+                lost.append(p)
+            step += len(batch)
+        self._declare(conn, lost, why)
+
+    def _declare(self, conn: Store, lost: list[int], why: str) -> None:
+        """Mark the call failed and name ``lost``; publish the verdict after ``GRACE``
+        seconds. Nothing if the call had ended well or its verdict is out (ranks that
+        left the call since are not lost); if another rank declared first and named
+        this one, this rank was given up on."""
+        t = self.ticket
+        v = conn.add(self.p + "n", ABORT)
+        if v % ABORT >= self.n:
+            return  # every rank was out: the next call meets the loss
+        self._broken = True
+        if v >= 2 * ABORT:  # another rank ended the call first
+            if t.rank in self.lost(conn):
+                self._given_up = "the other ranks declared it lost"
+                return
+            if peek(conn, self.p + "end") is not None:
+                return  # its verdict is out: ranks that left since are not lost
+        append(conn, self.p + "lost", ",".join(map(str, lost)) + ",")
+        conn.compare_set(self.p + "by", "", f"{t.rank}\x1f{why}")
+        time.sleep(GRACE)
+        conn.compare_set(self.p + "end", "", "lost")
+
+    # -- the verdict ------------------------------------------------------------------
+
+    def lost(self, conn: Store) -> tuple[int, ...]:
+        raw = peek(conn, self.p + "lost")
         text = "" if raw is None else raw.decode()
         return tuple(sorted({int(r) for r in text.split(",") if r}))
 
-    def error(self, doing: str, cause: object) -> MeshMismatchError | None:
+    def error(self, doing: str, cause: object) -> Exception | None:
         """The error to raise after ``doing`` failed with ``cause``, if the call was
-        given up (waiting for the verdict a little: a peer's death may be found after
-        torch's own timeout fired)."""
-        t = self.ticket
-        where = f"{t.where} ({t.summary})"
-        if self._given_up:
-            return _given_up(t.rank, where, self._given_up, doing)
-        # Given up: the verdict follows within GRACE. Else torch's own error may have
-        # come first: a silent peer is declared after SILENCE.
-        patience = 0.0 if self._broken else self.silence
-        verdict = self.verdict(patience + GRACE + 2 * self.interval)
-        if verdict is None or verdict == "ok":
-            return None
-        if verdict.startswith("fail:"):
-            return MeshMismatchError(
-                f"rank {t.rank} stopped {doing} at {where}: another rank gave up on the "
-                f"call after every rank agreed on it: {verdict[5:]}"
-            )
-        lost = self.lost()
-        raw = self._read(self.p + "by", 0.0)
-        by, _, how = ("" if raw is None else raw.decode()).partition("\x1f")
-        found = f" (found by rank {by}: {how})" if by else ""
-        if t.rank in lost:
-            return _given_up(t.rank, where, f"the other ranks declared it lost{found}", doing)
-        return PeerLostError(
-            f"rank(s) {list(lost)} died during {where}, after every rank agreed on it"
-            f"{found}; rank {t.rank} was {doing}. No group of this call was kept on any "
-            "survivor: call fmesh.recover(timeout=...) on every surviving rank and carry "
-            "on without them (docs/elastic.md)." + _said(cause),
-            lost,
-        )
-
-    def finish(self, timeout: datetime.timedelta) -> None:
-        """The closing barrier: count this rank's groups made; the last rank of the
-        call sets ``ok``, the others wait for it (watched); raise if the call was
-        given up."""
+        given up (waiting for the verdict a little: a peer's loss may be found after
+        torch's own timeout fired); ``None`` if it was not."""
         import torch.distributed as dist
 
         t = self.ticket
+        where = f"{t.where} ({t.summary})"
+        conn = t.conn
+        try:
+            # A creation that waited in native code asked nothing meanwhile: ask now.
+            self.cancelled(conn)
+            if not self._given_up:
+                wait = (0.0 if self._broken else self.silence) + GRACE + 2 * self.interval
+                raw = wait_get(conn, self.p + "end", wait)
+                if not raw:
+                    return None
+                verdict = raw.decode()
+                if verdict == "lost":
+                    lost = self.lost(conn)
+                    raw = peek(conn, self.p + "by")
+                    by, _, how = ("" if raw is None else raw.decode()).partition("\x1f")
+                    found = f" (found by rank {by}: {how})" if by else ""
+                    if t.rank not in lost:
+                        return _peer_lost(t.rank, where, lost, found, doing, cause)
+                    self._given_up = f"the other ranks declared it lost{found}"
+                elif verdict.startswith("fail:"):
+                    return MeshMismatchError(
+                        f"rank {t.rank} stopped {doing} at {where}: another rank gave up "
+                        f"on the call: {verdict[5:]}"
+                    )
+                elif verdict == "mm":
+                    return agreement.explain(conn, t)
+                elif verdict == "census":  # a timeout's census: this rank is here
+                    self.arrivals.present(conn)
+                    if self._census_outcome(conn) != "timeout":
+                        return None  # called off: every rank was there
+                    return self.arrivals.verdict(conn)
+                elif verdict == "timeout":
+                    return self.arrivals.verdict(conn)
+                else:
+                    return None
+        except dist.DistError as err:
+            self._cut_off(err)
+        return given_up(t.rank, where, self._given_up, doing)
+
+    def _census_outcome(self, conn: Store) -> str:
+        """The verdict a census in progress ends in (``""``: called off)."""
+        deadline = time.monotonic() + 4 * (GRACE + 2 * self.interval)
+        while time.monotonic() < deadline:
+            raw = peek(conn, self.p + "end")
+            if raw != b"census":
+                return "" if raw is None else raw.decode()
+            time.sleep(min(0.2, self.interval))
+        return ""
+
+    def finish(self, timeout: datetime.timedelta) -> None:
+        """The closing round: count this rank out; the last rank out sets ``ok`` (and
+        removes the stream's previous call's keys), the others wait for it; raise if
+        the call was given up."""
+        import torch.distributed as dist
+
+        t, conn = self.ticket, self.ticket.conn
         doing = "waiting for the other ranks to finish creating their groups"
-        seconds = timeout.total_seconds()
-        cause: object = f"no outcome after {seconds:g}s"
-        if not self.cancelled():
-            with self._gate.turn():
-                arrived = self._conn.add(self.count, 1)
-            if arrived == 2 * self.n:
-                with self._gate.turn():
-                    self._conn.set(self.p + "ok", "1")
-                self._ok = True
-                return
-            if arrived < LOSS:
-                try:
-                    # Nobody but the last rank touches "ok": a wait that returns found it.
-                    self.store.wait([self.p + "ok"], timeout)
+        cause: object = f"no outcome after {timeout.total_seconds():g}s"
+        try:
+            if not self.cancelled(conn):
+                v = conn.add(self.p + "n", 1)
+                if v == self.n:
+                    conn.set(self.p + "ok", "1")
                     self._ok = True
+                    arrivals.clean_previous(t, last=True)
                     return
-                except dist.DistError as err:  # given up, or torch's timeout
-                    cause = err
-            self._break()
+                if v < self.n:
+                    # Nobody but the last rank touches "ok": a wait that returns found it.
+                    self.store_for(conn).wait([self.p + "ok"], timeout)
+                    self._ok = True
+                    arrivals.clean_previous(t, last=False)
+                    return
+        except dist.DistError as err:
+            cause = err
+        self._broken = True
         found = self.error(doing, cause)
         if found is not None:
             raise found from None
         raise MeshMismatchError(
-            f"rank {t.rank} waited {seconds:g}s at the end of {t.where} for ranks that "
-            f"are alive but never finished creating their groups ({t.summary}): {cause}"
+            f"rank {t.rank} waited {timeout.total_seconds():g}s at the end of {t.where} "
+            f"for ranks that are alive but never finished creating their groups "
+            f"({t.summary}): {cause}"
         )
 
     def fail(self, err: BaseException) -> None:
-        """This rank gives up on the call (not for a lost peer): wake the others."""
+        """This rank gives up on the call (not for a lost peer): tell the others."""
         first = (str(err).splitlines() or [type(err).__name__])[0][:500]
-        with contextlib.suppress(Exception), self._gate.turn():
-            if self._conn.add(self.count, LOSS) % LOSS < 2 * self.n:
-                self._conn.compare_set(
-                    self.p + "end", "", f"fail:rank {self.ticket.rank}: {first}"
-                )
-        self._break()
+        conn = self.ticket.conn
+        with contextlib.suppress(Exception):
+            if conn.add(self.p + "n", ABORT) % ABORT < self.n:
+                conn.compare_set(self.p + "end", "", f"fail:rank {self.ticket.rank}: {first}")
+        self._broken = True
 
     def close(self) -> None:
-        """Stop the thread. A call that ended well leaves its counter and ``ok`` to
-        its stream's next agreed call; after a failure the last survivor out deletes
-        the call's keys (a rank given up on does not count itself)."""
-        self._stop.set()
-        self._thread.join()
-        t = self.ticket
-        if self._ok:
-            pending[stream_of(t.prefix)] = (t.store, (self.count, self.p + "ok"))
-            if t.listed:  # every rank is past the agreement: nobody reads the list
-                with contextlib.suppress(Exception):
-                    self._conn.delete_key(t.prefix + "arr")
-                    self._conn.delete_key(t.prefix + "late")
-            return
-        with contextlib.suppress(Exception):
-            lost = self.lost()
-            if t.rank in lost or self._given_up:
-                return
-            if self._conn.add(self.p + "gone", 1) >= self.n - len(lost):
-                for key in ("end", "lost", "by", "gone"):
-                    self._conn.delete_key(self.p + key)
-                for key in ("done", "failed", "arr", "late"):
-                    self._conn.delete_key(t.prefix + key)
+        """Keepalive off on the link; after a failure, count this rank out of the call
+        (``arrivals.leave``: the keys go once every rank is out, the verdict once every
+        rank it names has read it)."""
+        if self._link is not None:
+            self._link.watching(None)
+        if not self._ok:
+            conn = self.ticket.conn
+            with contextlib.suppress(Exception):
+                arrivals.leave(self.ticket, bool(self._given_up), self.lost(conn))
 
 
-def _given_up(rank: int, where: str, why: str, doing: str) -> PeerLostError:
+def _peer_lost(
+    rank: int, where: str, lost: tuple[int, ...], found: str, doing: str, cause: object
+) -> PeerLostError:
+    first = (str(cause).splitlines() or [""])[0][:300]
+    said = f" torch said: {first}" if first and not first.startswith("fmesh:") else ""
     return PeerLostError(
-        f"rank {rank} was given up on during {where}: {why}, so the other ranks raise "
-        f"PeerLostError naming it; rank {rank} was {doing}. Its groups of this call are "
-        "not kept. It cannot go on with the others in this call: exit and rejoin through "
-        "a restart, or call fmesh.recover(timeout=...) on every rank (it is kept if it "
-        "checks in within the others' timeout).",
-        (rank,),
+        f"rank(s) {list(lost)} died during {where}{found}; rank {rank} was {doing}. No "
+        "group of this call was kept on any survivor: call fmesh.recover(timeout=...) on "
+        "every surviving rank and carry on without them (docs/elastic.md)." + said,
+        lost,
     )
 
 
-def _said(cause: object) -> str:
-    first = (str(cause).splitlines() or [""])[0][:300]
-    return f" torch said: {first}" if first and not first.startswith("fmesh:") else ""
-
-
-def stream_of(prefix: str) -> str:
-    """The stream of an agreement prefix ``fmesh/a/<generation>/<stream>/<number>/``."""
-    return prefix[len(_agree.KEY_ROOT) :].split("/")[1]
+def given_up(rank: int, where: str, why: str, doing: str) -> PeerLostError:
+    """The error of a rank the others gave up on (``why``: how it learned it)."""
+    return PeerLostError(
+        f"rank {rank} was given up on during {where}: {why or 'the call was given up'}, "
+        f"so the other ranks raise PeerLostError naming it; rank {rank} was {doing}. Its "
+        "groups of this call are not kept. It cannot go on with the others in this "
+        "call: exit and rejoin through a restart, or call fmesh.recover(timeout=...) on "
+        "every rank (it is kept if it checks in within the others' timeout).",
+        (rank,),
+    )

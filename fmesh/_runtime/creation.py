@@ -1,23 +1,27 @@
-"""A new realize call carried out: agreed, then this rank's groups made, all or none.
+"""A new realize call carried out: agreed, this rank's groups made, all or none.
 
-A call laid out by ``call.py`` that creates groups first agrees with every rank
-(``_protocol/agreement.py``); then each axis's group comes from the axis memo or is
-created once per process (``groups.py``: a thread that finds another creating the same
-group waits for it), while the peer watch (``_protocol/liveness.py``) cuts the waits
-short if a peer dies; the call ends at the watch's closing barrier. A call that fails
-keeps none of the groups it made. The protocol: ``docs/design/agreement-protocol.md``.
+A call laid out by ``call.py`` that creates groups puts its record in first
+(``_protocol/agreement.py``: one ``compare_set``, which finds a rank that makes
+another call at once); then each axis's group comes from the axis memo or is created
+once per process (``groups.py``: a thread that finds another creating the same group
+waits for it), while the call's watch (``_protocol/watch.py``) cuts the waits short if
+a peer dies or the call fails elsewhere; the call ends at the closing round, where
+every rank learns that every rank made the same call and its groups. A call whose
+creation is a collective of the whole world (NCCL's split) runs that round before
+creating instead. A call that fails keeps none of the groups it made. The protocol:
+``docs/design/agreement-protocol.md``.
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
 from typing import TYPE_CHECKING
 
 from .._core.errors import PeerLostError
 from .._protocol import liveness
-from .._protocol.agreement import KEY_ROOT, Record, Ticket, agree
-from .groups import axis_group
+from .._protocol.agreement import open_call
+from .._protocol.records import KEY_ROOT, Entry, Record, Ticket
+from .groups import axis_group, collective
 from .hooks import run_creating_call_hooks
 from .memo import state
 
@@ -32,10 +36,10 @@ logger = logging.getLogger("fmesh")
 
 
 def create_groups(call: Call) -> tuple[dict[str, ProcessGroup], int]:
-    """Carry out ``call``: agree if it creates groups, then this rank's group along
-    every axis under the peer watch, waiting at the end for every rank to have made
-    its own. Returns (axis name -> group, how many groups it created); on failure,
-    forgets and destroys the groups it created, and raises."""
+    """Carry out ``call``: put its record in if it creates groups, then this rank's
+    group along every axis under the call's watch, and the closing round. Returns
+    (axis name -> group, how many groups it created); on failure, forgets and destroys
+    the groups it created, and raises."""
     from .._compat import default_timeout
 
     world, timeout = call.world, call.args.timeout
@@ -43,37 +47,47 @@ def create_groups(call: Call) -> tuple[dict[str, ProcessGroup], int]:
     # would: its default for the backend (the longest of the call's backends).
     backends = {r.backend for r in call.requests} or {world.backend}
     patience = timeout or max(default_timeout(b) for b in backends)
-    ticket = _agree(call, patience)
+    ticket = _open(call)
     groups: dict[str, ProcessGroup] = {}
     made: list[ProcessGroup] = []
-    watch = None
-    try:
-        with liveness.watching(ticket, timeout) as watch:
-            for request in call.requests:
-                pg, fresh = axis_group(request, world, ticket)
-                if fresh and pg is not None:
-                    made.append(pg)
-                if pg is not None:
-                    groups[request.name] = pg
-            if watch is not None:
+    if ticket is None:
+        _create(call, None, groups, made)
+        return groups, len(made)
+    first = any(collective(r, world) for r in call.requests)
+    with liveness.watching(ticket, patience, timeout) as watch:
+        try:
+            if watch is not None and first:  # agree before a world-wide collective
+                watch.finish(patience)
+            _create(call, ticket, groups, made)
+            if watch is not None and not first:
                 # Every peer's creation of each group is bounded by the timeout, and a
                 # peer that fails or dies says so at once: wait for the slowest.
                 watch.finish(patience * (len(call.requests) + 1))
-    except BaseException as err:
-        if watch is not None:
-            if not isinstance(err, PeerLostError):
+        except BaseException as err:
+            if watch is not None and not isinstance(err, PeerLostError):
                 watch.fail(err)
-            watch.close()
-        _forget(made)
-        raise
-    if watch is not None:
-        watch.close()
+            _forget(made)
+            raise
     return groups, len(made)
 
 
-def _agree(call: Call, timeout: datetime.timedelta) -> Ticket | None:
-    """Agree on ``call`` with every rank if it creates groups (``fmesh plan``'s hooks
-    see every such call, fake worlds included); ``None`` if nobody needs to."""
+def _create(
+    call: Call,
+    ticket: Ticket | None,
+    groups: dict[str, ProcessGroup],
+    made: list[ProcessGroup],
+) -> None:
+    for request in call.requests:
+        pg, fresh = axis_group(request, call.world, ticket)
+        if fresh and pg is not None:
+            made.append(pg)
+        if pg is not None:
+            groups[request.name] = pg
+
+
+def _open(call: Call) -> Ticket | None:
+    """Put this rank's record of ``call`` in if it creates groups (``fmesh plan``'s
+    hooks see every such call, fake worlds included); ``None`` if nobody needs to."""
     if not call.agrees:
         return None
     turn, summary, world = call.turn, call.summary, call.world
@@ -84,22 +98,19 @@ def _agree(call: Call, timeout: datetime.timedelta) -> Ticket | None:
 
     me = world.rank
     store = default_store()
-    watched = len(call.ranks) > 1 and liveness.enabled()
-    if watched:  # this rank's sentinel runs, its address published
+    if len(call.ranks) > 1 and liveness.enabled():  # its port open, its address out
         liveness.prepare(store, me)
-    ticket = agree(
+    root = f"{KEY_ROOT}{call.generation}/"
+    return open_call(
         store,
         rank=me,
         ranks=call.ranks,
-        code=turn.code,
+        entry=Entry(turn.number, turn.code, me),
         record=lambda: Record(me, turn.code, str(summary), turn.history),
-        timeout=timeout,
-        prefix=f"{KEY_ROOT}{call.generation}/{turn.key}",
+        stream=root + turn.key.split("/")[0] + "/",
+        prefix=root + turn.key,
         where=turn.where,
-        closing=watched,
     )
-    liveness.after_agreement(ticket)
-    return ticket
 
 
 def _forget(made: list[ProcessGroup]) -> None:

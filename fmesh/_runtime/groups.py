@@ -24,6 +24,7 @@ from .._core.mesh import Mesh
 from .._core.rank_map import rank_map_info
 from .._protocol import agreement as _agree
 from .._protocol import liveness
+from .._protocol.records import Ticket
 from .._protocol.stream import ranks_digest
 from .launch import World
 from .memo import GroupKey, state
@@ -31,7 +32,6 @@ from .memo import GroupKey, state
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from .._compat import Store
 
 __all__ = ["AxisRequest", "axis_group", "describing_groups"]
 
@@ -98,6 +98,24 @@ class AxisRequest:
 # -- one axis ------------------------------------------------------------------------------
 
 
+def collective(request: AxisRequest, world: World) -> bool:
+    """Whether every rank of the world takes part in creating ``request``'s groups.
+
+    With an eagerly initialized NCCL world, torch makes every NCCL group by splitting
+    the world communicator, a collective over all ranks; other axes are made by their
+    members alone. After a loss the world holds dead ranks: groups are made by their
+    members. Every rank decides this alike."""
+    backend = _size_one_backend(request, world)[0]
+    return (
+        world.eager
+        and world.intact
+        and "nccl" in backend
+        and request.layout.size > 1
+        and not world.fake
+        and not (request.member and request.served)
+    )
+
+
 def _size_one_backend(request: AxisRequest, world: World) -> tuple[str, object, int]:
     """A size-1 axis needs no communicator: a one-member gloo (fake) group, unless
     the user named a backend for this very axis."""
@@ -107,7 +125,7 @@ def _size_one_backend(request: AxisRequest, world: World) -> tuple[str, object, 
 
 
 def axis_group(
-    request: AxisRequest, world: World, ticket: _agree.Ticket | None
+    request: AxisRequest, world: World, ticket: Ticket | None
 ) -> tuple[ProcessGroup | None, int]:
     """This rank's group along one axis: from the axis memo, else created once per
     process (a thread that finds another creating it waits for that creation, then
@@ -143,7 +161,7 @@ def axis_group(
 
 
 def _create(
-    request: AxisRequest, world: World, ticket: _agree.Ticket | None
+    request: AxisRequest, world: World, ticket: Ticket | None
 ) -> tuple[ProcessGroup | None, int]:
     """Make (or find) this rank's group along one axis; returns (group, 1 if created
     else 0). The caller keeps it in the axis memo (``axis_group``)."""
@@ -155,17 +173,7 @@ def _create(
         return world.pg, 0
     backend, options, options_id = _size_one_backend(request, world)
     members = request.members
-    # With an eagerly initialized NCCL world, torch makes every NCCL group by
-    # splitting the world communicator, a collective over all ranks; other axes
-    # are made by their members alone.
-    # After a loss the world holds dead ranks: groups are made by their members.
-    world_collective = (
-        world.eager
-        and world.intact
-        and "nccl" in backend
-        and request.layout.size > 1
-        and not world.fake
-    )
+    world_collective = collective(request, world)
     group_key = None if members is None else (members, backend, options_id)
     if group_key is not None and not world_collective:
         from .._compat import is_live
@@ -246,29 +254,30 @@ def _new_group(
     options_id: int,
     timeout: datetime.timedelta,
     desc: str,
-    ticket: _agree.Ticket | None,
+    ticket: Ticket | None,
 ) -> ProcessGroup | None:
     """Create one group with ranks in coordinate order, explaining failures."""
     from .._compat import default_store, memory_store, new_named_group
 
     name = _group_name(ranks, backend, options_id)
-    if len(ranks) == 1:
-        # A group of one meets nobody: rendezvous in a store of its own, in memory.
-        store: Store | None = memory_store()
-    else:
-        # This thread's own store connection: the rendezvous waits in the store, and
-        # a store client serializes its operations, so threads sharing one would
-        # wait on each other.
-        # The watch cuts its waits short when a peer dies (_protocol/liveness.py).
-        store = (
-            None if ticket is None else liveness.store_for_creation(default_store(), backend)
-        )
     try:
-        # Under a watch, gloo's construction runs in a worker thread: its pairs
-        # connect in native code that nothing cancels (liveness.creating).
+        if len(ranks) == 1:
+            # A group of one meets nobody: rendezvous in a store of its own, in memory.
+            return new_named_group(
+                ranks, me, backend, options, timeout, name, desc, memory_store()
+            )
+        if ticket is None:
+            return new_named_group(ranks, me, backend, options, timeout, name, desc, None)
+        # The rendezvous waits in the store, each thread on a connection of its own;
+        # under the call's watch its waits end when the call is given up, and gloo's
+        # construction runs on a worker (its pairs connect in native code that nothing
+        # cancels): _protocol/liveness.creating.
         return liveness.creating(
             backend,
-            lambda: new_named_group(ranks, me, backend, options, timeout, name, desc, store),
+            default_store(),
+            lambda store: new_named_group(
+                ranks, me, backend, options, timeout, name, desc, store
+            ),
         )
     except Exception as err:  # a peer that never joins shows up as a store timeout
         if ticket is None:
@@ -294,7 +303,7 @@ def _new_group(
         )
         raise MeshMismatchError(
             f"creating the group {list(ranks)} of axis {axis!r} failed on rank {me} after "
-            f"every rank agreed on {ticket.where} ({ticket.summary}): {why} "
+            f"every rank made its record of {ticket.where} ({ticket.summary}): {why} "
             f"(torch said: {err})"
         ) from err
 

@@ -28,7 +28,7 @@ import attrs
 # Re-exported for the DeviceMesh interop (its imports name this module).
 from .._core.rank_map import WorldKey as WorldKey
 from .._core.rank_map import world_key as world_key
-from .._protocol import agreement, watch
+from .._protocol import agreement, arrivals, connections, watch
 from .._protocol.stream import Stream
 from .hooks import run_dead_hooks, run_loss_hooks, run_reset_hooks
 from .loss import GroupKey, Loss
@@ -122,8 +122,10 @@ class State:
         self.created_pgs.clear()
         self.options_ids.clear()
         self.generation += 1
-        agreement.forget_connections()  # the protocol's caches of the old world
+        connections.forget_connections()  # the protocol's caches of the old world
         watch.forget_addresses()
+        agreement.forget_streams()
+        arrivals.forget_pending()
         run_reset_hooks()
 
     def forget_lost(self, lost: frozenset[int], world: int) -> None:

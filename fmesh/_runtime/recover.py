@@ -11,8 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._core.errors import LaunchError, MeshMismatchError
-from .._protocol import agreement as _agree
-from .._protocol.records import append, wait_get
+from .._protocol.records import append, wait_get, weight
 from .._protocol.stream import call_code
 from .checks import check_timeout
 from .memo import state
@@ -91,8 +90,10 @@ def recover(*, timeout: datetime.timedelta) -> frozenset[int]:
         )
     expected = [r for r in range(world) if r not in before]
     view = sorted(before)
-    w = _agree.weight(call_code("fmesh.recover", epoch, view), world)
-    conn = _agree.thread_store(default_store())
+    w = weight(call_code("fmesh.recover", epoch, view), world)
+    # The default store's own connection: a clone would connect anew, and a store that
+    # died with its host would keep it trying for the store's whole timeout.
+    conn = default_store()
     try:
         lost = _verdict(conn, epoch, rank, expected, view, w, wait)
     except dist.DistError as err:
