@@ -5,8 +5,12 @@ The conventions, in every page alike:
 * a ``python`` block runs as a script; one whose first line is
   ``# torchrun --nproc-per-node N`` runs under torchrun with N processes, and
   ``# torchrun --nproc-per-node N -m fmesh.route`` through ``-m fmesh.route`` too;
-* a ``python`` block that starts ``# excerpt of PATH`` quotes a file and is not run:
-  tests/test_example_elastic.py checks that it is verbatim in that file;
+* every other ``python`` block passes ``mypy --strict`` as a file of its own (the
+  project's configuration), as a reader's copy of it would;
+* a ``python`` block that starts ``# excerpt of PATH`` quotes a file and is neither run
+  nor type-checked on its own: tests/test_example_elastic.py checks that it is verbatim
+  in that file, and PATH must be one ``mypy --strict`` checks with the package
+  (tests/test_static.py);
 * a ``text`` block right after the line ``<!-- the output of the python block above -->``
   is what the last ``python`` block before it prints: its stdout must be exactly that;
 * ``bash`` blocks are not run: the quick start is checked against .ci/run and the
@@ -39,6 +43,16 @@ def _name(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
+def _python_blocks(path: Path) -> list[tuple[int, str]]:
+    """(line of the page where its body starts, body) of each ``python`` block."""
+    text = path.read_text()
+    return [
+        (text.count("\n", 0, match.start(2)) + 1, match.group(2))
+        for match in re.finditer(r"```(\w+)\n(.*?)```", text, re.S)
+        if match.group(1) == "python"
+    ]
+
+
 PYTHON = [
     (_name(path), index, body)
     for path in PAGES
@@ -65,6 +79,18 @@ def _outputs(path: Path) -> dict[int, str]:
 OUTPUTS = {
     (_name(path), index): body for path in PAGES for index, body in _outputs(path).items()
 }
+TYPED = [
+    (_name(path), line, body)
+    for path in PAGES
+    for line, body in _python_blocks(path)
+    if not body.startswith("# excerpt of ")
+]
+EXCERPTS = [
+    (_name(path), body.splitlines()[0].removeprefix("# excerpt of ").strip())
+    for path in PAGES
+    for _, body in _python_blocks(path)
+    if body.startswith("# excerpt of ")
+]
 BASH = _blocks(README, "bash")
 ALL_BASH = [(_name(path), body) for path in PAGES for body in _blocks(path, "bash")]
 QUICK_START = "pip install torch==2.13.0 && "
@@ -117,6 +143,56 @@ def test_python_block_runs(page: str, index: int, body: str, tmp_path: Path) -> 
     shown = OUTPUTS.get((page, index))
     if shown is not None:
         assert result.stdout == shown, f"{page} shows output this block does not print"
+
+
+def test_every_python_block_passes_mypy_strict(tmp_path: Path) -> None:
+    """A reader who copies a block into a file of their own and runs ``mypy --strict``
+    on it sees no error (e.g. ``coordinate()`` may return ``None``: index it only after
+    a check). One mypy run for every block, each a module of its own, with a fresh
+    cache: a cached module of the same name must not answer for a block."""
+    pages = {_name(path) for path in PAGES}
+    assert {"README.md", "docs/getting-started.md"} <= {page for page, _, _ in TYPED}
+    assert {page for page, _, _ in TYPED} <= pages
+    where: dict[str, tuple[str, int]] = {}
+    for number, (page, line, body) in enumerate(TYPED):
+        script = tmp_path / f"block_{number}.py"
+        script.write_text(body)
+        where[script.as_posix()] = (page, line)
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "mypy", "--strict", "--config-file", "pyproject.toml",
+            "--cache-dir", str(tmp_path / "mypy-cache"), "--show-error-codes",
+            "--no-pretty", "--no-error-summary", *where,
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    # 0: clean, 1: type errors; anything else means mypy itself failed.
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    errors = []
+    for message in result.stdout.splitlines():
+        found = re.match(r"(.+?\.py):(\d+): (.*)$", message)
+        assert found, f"unexpected mypy output: {message}"
+        page, line = where[Path(found.group(1)).as_posix()]
+        errors.append(f"{page}:{line + int(found.group(2)) - 1}: {found.group(3)}")
+    assert errors == []
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_excerpt_quotes_a_file_mypy_checks() -> None:
+    """An excerpt is not type-checked on its own: the file it quotes is, with the
+    package (the ``files`` of ``[tool.mypy]``, which tests/test_static.py runs)."""
+    config = (ROOT / "pyproject.toml").read_text()
+    files = re.search(r"^files = \[(.*?)\]$", config, re.M)
+    assert files is not None
+    checked = re.findall(r'"([^"]+)"', files.group(1))
+    assert "examples" in checked
+    outside = [
+        (page, path)
+        for page, path in EXCERPTS
+        if not (ROOT / path).is_file() or path.split("/")[0] not in checked
+    ]
+    assert EXCERPTS  # docs/elastic.md quotes examples/elastic.py
+    assert outside == []
 
 
 def test_every_output_shown_belongs_to_a_block() -> None:
