@@ -246,6 +246,37 @@ def test_scripts_named_in_bash_blocks_exist() -> None:
     assert [(page, path) for page, path in sorted(named) if not (ROOT / path).is_file()] == []
 
 
+# A path of this repository as pages name it: a file with its extension, a private
+# package of fmesh, or a script of .ci/ (store keys such as `fmesh/a/` are not paths).
+REPO_PATH = re.compile(
+    r"(?<![\w./-])("
+    r"(?:fmesh|tests|examples|bench|typestubs|docs)/(?:[\w.-]+/)*[\w-]+"
+    r"\.(?:pyi|py|md|toml|yml|txt|json|js|css)(?!\w)"
+    r"|fmesh/_\w+|\.ci/[\w-]+)"
+)
+# Paths of other repositories that a page names, each with whose it is.
+OTHER_REPOSITORIES = {"tests/unit_tests/test_parallel_dims.py": "torchtitan's"}
+
+
+def test_every_repository_path_a_page_names_exists() -> None:
+    """A page that names `fmesh/_c10d/` after it moved sends a reader nowhere."""
+    named = {
+        (_name(path), match.group(1))
+        for path in PAGES
+        for match in REPO_PATH.finditer(path.read_text())
+    }
+    assert len(named) > 50
+    text = "in `fmesh/_c10d/`; keys `fmesh/a/`; bench/results.json, `.ci/run`, fmesh/py.typed"
+    found = [match.group(1) for match in REPO_PATH.finditer(text)]
+    assert found == ["fmesh/_c10d", "bench/results.json", ".ci/run"]
+    dead = [
+        (page, path)
+        for page, path in sorted(named)
+        if path not in OTHER_REPOSITORIES and not (ROOT / path).exists()
+    ]
+    assert dead == []
+
+
 def test_the_module_tree_names_every_package_and_only_files_that_exist() -> None:
     (tree,) = [body for body in _blocks(README, "text") if body.startswith("fmesh/\n")]
     packages = {p.name for p in (ROOT / "fmesh").iterdir() if (p / "__init__.py").is_file()}
