@@ -21,6 +21,7 @@ The conventions, in every page alike:
 from __future__ import annotations
 
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -203,20 +204,43 @@ def test_every_output_shown_belongs_to_a_block() -> None:
     assert sorted(set(OUTPUTS) - run) == []
 
 
+def _words(command: str) -> list[str]:
+    """A command line's words as the shell passes them; ``python -m pip`` is ``pip``
+    (none for a line that is not a command: .ci/run's Python between heredoc marks)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return []
+    return words[2:] if words[:3] == ["python", "-m", "pip"] else words
+
+
 def test_quick_start_test_command_is_what_ci_runs() -> None:
+    """The README's three commands are CI's first three, in order: torch, fmesh with
+    every extra (a newcomer's suite skips nothing that CI runs), then the suite."""
     ci = (ROOT / ".ci" / "run").read_text()
     test_cmd = next(b for b in BASH if "pytest" in b and "torch==2.13.0" in b).strip()
     parts = [p.strip() for p in test_cmd.split("&&")]
-    assert parts[0] == "pip install torch==2.13.0"
-    assert parts[1] == 'pip install -e ".[test]"'
-    assert '"torch==2.13.0"' in ci
-    assert '-e ".[test]"' in ci
+    assert parts[:2] == ["pip install torch==2.13.0", 'pip install -e ".[test,docs,clients]"']
+    assert len(parts) == 3
+    ci_lines = [ln.strip() for ln in ci.splitlines() if ln.strip() and not ln.startswith("#")]
+    installs = [_words(ln) for ln in ci_lines if _words(ln)[:2] == ["pip", "install"]]
+    installs = [words for words in installs if "--upgrade" not in words]
+    assert installs[:2] == [_words(parts[0]), _words(parts[1])]
     # The very command the README gives is what CI runs right after installing (then
     # the same suite again on the oldest and newest supported torch).
-    ci_lines = [ln.strip() for ln in ci.splitlines() if ln.strip() and not ln.startswith("#")]
-    assert parts[2] in ci_lines
     first_test = next(ln for ln in ci_lines if "pytest" in ln)
     assert first_test == parts[2]
+    assert ci_lines.index(first_test) > max(
+        i for i, ln in enumerate(ci_lines) if _words(ln) in installs[:2]
+    )
+
+
+def test_ci_installs_the_client_extra_wherever_it_runs_the_suite() -> None:
+    """The venvs for the oldest and newest torch run the client tests too."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    extras = re.findall(r'-e "\.\[([\w,]+)\]"', ci)
+    assert len(extras) == 2  # torch 2.13's environment, then each other torch's
+    assert [e for e in extras if not {"test", "clients"} <= set(e.split(","))] == []
 
 
 def test_quick_start_demo_command_is_what_the_example_test_runs() -> None:
