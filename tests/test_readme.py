@@ -301,6 +301,28 @@ def test_every_repository_path_a_page_names_exists() -> None:
     assert dead == []
 
 
+def _table(text: str, header: str) -> str:
+    """The markdown table that starts with this header row."""
+    start = text.index(header)
+    return text[start : text.index("\n\n", start)]
+
+
+def test_the_docs_home_page_has_the_readmes_rows() -> None:
+    """docs/index.md, the site's front page, is the README's opening: the same "Why"
+    table, and a row for every page the README's documentation list links."""
+    readme, index = README.read_text(), (ROOT / "docs" / "index.md").read_text()
+    header = "| torch 2.13 `DeviceMesh` | fmesh |"
+    assert _table(index, header) == _table(readme, header)
+    listed = readme[readme.index("## Documentation\n") :]
+    listed = listed[: listed.index("\n## ")]
+    linked = {
+        page.removeprefix("docs/") for page in re.findall(r"\]\((docs/[\w/.-]+)\)", listed)
+    }
+    rows = set(re.findall(r"^\| \[[^]]+\]\(([\w/.-]+)\)", index, re.M))
+    assert len(linked) > 10
+    assert sorted(linked - rows) == []
+
+
 def test_the_module_tree_names_every_package_and_only_files_that_exist() -> None:
     (tree,) = [body for body in _blocks(README, "text") if body.startswith("fmesh/\n")]
     packages = {p.name for p in (ROOT / "fmesh").iterdir() if (p / "__init__.py").is_file()}
