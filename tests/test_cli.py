@@ -539,3 +539,24 @@ def test_programming_errors_are_not_usage_errors(
     monkeypatch.setattr(fmesh._cli.main, "describe", refused)
     status, out, err = run_main(capsys, "describe", "dp=2")
     assert (status, out, err) == (2, "", "fmesh: error: bad mesh on two lines\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (("plna", "dp=2"), " (did you mean 'plan'?)"),
+        (("-v", "descrbe", "dp=2"), " (did you mean 'describe'?)"),
+        (("bogus",), ""),
+    ],
+)
+def test_an_unknown_command_names_a_close_one(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], hint: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        run_main(capsys, *args)
+    assert info.value.code == 2
+    command = next(a for a in args if not a.startswith("-"))
+    assert capsys.readouterr().err == (
+        f"fmesh: error: unknown command '{command}'{hint}; expected 'describe' or 'plan' "
+        "(see 'fmesh --help')\n"
+    )

@@ -4,12 +4,17 @@ sees them (no process group is created by any test here)."""
 from __future__ import annotations
 
 import datetime
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import fmesh
+from fmesh._runtime.launch import _program
 
 MESH = fmesh.make_mesh({"dp": 2, "tp": 2})
 TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
@@ -48,6 +53,59 @@ def test_non_positive_timeout(seconds: int) -> None:
 def test_outside_torchrun_says_how_to_launch() -> None:
     with pytest.raises(fmesh.LaunchError, match=r"torchrun --standalone --nproc-per-node 4"):
         fmesh.realize(MESH)
+
+
+@pytest.mark.parametrize(
+    ("argv", "program"),
+    [
+        (["python", "train.py", "--steps", "10"], "train.py --steps 10"),
+        (["python", "-u", "-W", "error", "-Xdev", "t.py", "a b"], "t.py 'a b'"),
+        (
+            ["python", "-m", "fmesh.route", "train.py", "--lr", "1"],
+            "-m fmesh.route train.py --lr 1",
+        ),
+        (["python", "-Bm", "pkg.train"], "-m pkg.train"),
+        (["python", "-mpkg"], "-m pkg"),
+        (["python", "--check-hash-based-pycs", "always", "t.py"], "t.py"),
+        (["python", "-Wm", "t.py"], "t.py"),  # -W's value is "m"
+        (["python", "-c", "import fmesh"], None),
+        (["python", "-Ic", "import fmesh"], None),
+        (["python", "-"], None),
+        (["python"], None),
+        (["python", "-m", "ipykernel_launcher", "-f", "kernel.json"], None),
+    ],
+)
+def test_the_program_a_launch_would_run(argv: list[str], program: str | None) -> None:
+    """What the launch help puts after ``torchrun ...``: this process's own program,
+    read from the interpreter's command line, or nothing to name."""
+    assert _program(argv) == program
+
+
+def _outside_torchrun(tmp_path: Path, *args: str) -> str:
+    """stderr of ``python ARGS`` in ``tmp_path`` with no torchrun variable set."""
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV and k != "LOCAL_RANK"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run(
+        [sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "fmesh.LaunchError: " in done.stderr, done.stderr
+    return done.stderr
+
+
+def test_outside_torchrun_the_help_names_the_script_or_module(tmp_path: Path) -> None:
+    body = "import fmesh\n\nfmesh.realize(fmesh.make_mesh({'dp': 2}))\n"
+    (tmp_path / "my_trainer.py").write_text(body)
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "train.py").write_text(body)
+    script = _outside_torchrun(tmp_path, "my_trainer.py", "--steps", "3")
+    assert "    torchrun --standalone --nproc-per-node 4 my_trainer.py --steps 3\n" in script
+    module = _outside_torchrun(tmp_path, "-m", "mypkg.train", "--lr", "0.1")
+    assert "    torchrun --standalone --nproc-per-node 4 -m mypkg.train --lr 0.1\n" in module
+    code = _outside_torchrun(tmp_path, "-c", body)
+    assert "    torchrun --standalone --nproc-per-node 4 your_script.py\n" in code
 
 
 def test_missing_local_rank_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

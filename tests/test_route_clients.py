@@ -8,7 +8,8 @@
   with dp_replicate, dp_shard and tp above 1 (and dp_shard, cp and tp), once on plain
   torch and once after ``fmesh.device_mesh.route()`` in the same processes: the same
   meshes, groups and local ranks of every dim and every flattened mesh it makes, and
-  no torch ``new_group`` call when routed.
+  no torch ``new_group`` call when routed; skipped, naming the extra, without
+  fmesh's ``clients`` extra (``_clients.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import pytest
+from _clients import require
 from _dist import run_command, run_spawn
 from titan_recipe import count_new_group
 
@@ -152,7 +153,7 @@ def accelerate_job(rank: int, world: int) -> dict[str, Any]:
 
 
 def test_accelerates_parallelism_config_routed_matches_torch(tmp_path: Path) -> None:
-    pytest.importorskip("accelerate", reason="accelerate is in fmesh's test extra")
+    require("accelerate", "transformers")  # transformers: accelerate's tp checks it
     job = run_spawn(accelerate_job, ACCELERATE_WORLD, tmp_path=tmp_path, timeout=180)
     for rank, out in enumerate(job.values()):
         for name in CONFIGS:

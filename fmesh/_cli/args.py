@@ -254,6 +254,22 @@ def not_in_mesh(rank: int, mesh_arg: str, mesh: Mesh, edits: Edits | None) -> st
 # -- unknown flags ------------------------------------------------------------------------
 
 
+def refuse_unknown_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Refuse a command that does not exist, suggesting a close one (``fmesh plna``:
+    did you mean 'plan'?); argparse would only list the choices."""
+    commands = list(_subparsers(parser))
+    for arg in argv:
+        if arg in ("-h", "--help", "--version") or arg in commands:
+            return
+        if arg.startswith("-"):  # the options before the command take no value
+            continue
+        close = difflib.get_close_matches(arg, commands, n=1, cutoff=0.6)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        expected = " or ".join(f"'{name}'" for name in commands)
+        parser.error(f"unknown command '{arg}'{hint}; expected {expected}")
+        return
+
+
 def refuse_unknown_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> None:
     """Refuse arguments argparse did not recognize, suggesting a close flag: argparse
     would take ``--ranks 4 dp=4``'s ``4`` as the mesh and only then complain."""

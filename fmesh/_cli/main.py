@@ -38,6 +38,7 @@ from .args import (
     parse_count,
     parse_mesh_arg,
     parse_names,
+    refuse_unknown_command,
     refuse_unknown_flags,
 )
 from .describe import describe_text
@@ -330,6 +331,7 @@ def _run(args: argparse.Namespace) -> tuple[str, int]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 for bad arguments)."""
     parser = _parser()
+    refuse_unknown_command(parser, sys.argv[1:] if argv is None else argv)
     refuse_unknown_flags(parser, argv)
     args = parser.parse_args(argv)
     if args.verbose:

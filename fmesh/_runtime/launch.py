@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+import sys
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, final
 
 import attrs
@@ -57,9 +60,43 @@ environment variables {missing} are not set.
 Launch the script with torchrun, which sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR
 and MASTER_PORT for every process, e.g.
 
-    torchrun --standalone --nproc-per-node 4 train.py
+    torchrun --standalone --nproc-per-node 4 {program}
 
 or call torch.distributed.init_process_group(...) yourself before realize()."""
+
+# Options of the interpreter that take a value (`python -W error train.py`).
+_VALUED = frozenset("WX")
+
+
+def _program(orig_argv: Sequence[str]) -> str | None:
+    """What follows ``torchrun ...`` to run this process's program again: the script
+    or ``-m module``, with its arguments, as the interpreter's command line gave them
+    (``sys.orig_argv``); ``None`` when there is no program to name (``-c``, standard
+    input, an interactive session, a Jupyter kernel)."""
+    args = list(orig_argv[1:])
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--"):  # long options: one takes a value
+            i += 2 if arg == "--check-hash-based-pycs" else 1
+            continue
+        if not arg.startswith("-") or arg == "-":
+            return None if arg == "-" else shlex.join(args[i:])
+        for pos in range(1, len(arg)):  # a cluster of one-letter options: -u, -uBm
+            letter, rest = arg[pos], arg[pos + 1 :]
+            if letter == "c":
+                return None
+            if letter == "m":
+                module = rest or (args[i + 1] if i + 1 < len(args) else "")
+                tail = args[i + 1 :] if rest else args[i + 2 :]
+                if not module or module.startswith("ipykernel"):
+                    return None
+                return shlex.join(["-m", module, *tail])
+            if letter in _VALUED:
+                i += 0 if rest else 1
+                break
+        i += 1
+    return None
 
 
 @final
@@ -130,7 +167,8 @@ def ensure_default_group(backend: str | None) -> None:
     needed = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     missing = [v for v in needed if v not in os.environ]
     if missing:
-        raise LaunchError(_LAUNCH_HELP.format(missing=", ".join(missing)))
+        program = _program(sys.orig_argv) or "your_script.py"
+        raise LaunchError(_LAUNCH_HELP.format(missing=", ".join(missing), program=program))
     if "LOCAL_RANK" not in os.environ:
         raise LaunchError(
             "fmesh.realize() found RANK and WORLD_SIZE but no LOCAL_RANK, so it cannot "
