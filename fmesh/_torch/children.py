@@ -8,9 +8,10 @@ an environment variable, ``FMESH_ROUTE=1``, which its children inherit, and the
 ``fmesh-route.pth`` file installed with fmesh (in site-packages, by ``pip install``
 and ``pip install -e`` alike) runs one line at every interpreter start:
 
-    import os, sys; os.environ.get('FMESH_ROUTE') == '1' and ... sys.meta_path.insert(...)
+    import os, sys; os.environ.get('FMESH_ROUTE') == '1' and exec("...")
 
-With the variable unset that is one dict lookup and nothing is imported. Set, it puts a
+With the variable unset that is one dict lookup and nothing is imported (the rest of
+the line is a string, compiled only when the variable is set). Set, it puts a
 finder (one: site may read a ``.pth`` twice) first on ``sys.meta_path`` that answers
 only for ``torch``, by calling ``find_spec`` below: fmesh is imported when torch is,
 and torch's ``init_device_mesh`` is routed as soon as torch's top-level module has run,
