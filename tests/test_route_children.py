@@ -28,9 +28,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from _installed import PTH, route_pth
 
 ROOT = Path(__file__).resolve().parents[1]
-PTH = "fmesh-route.pth"
 TIMEOUT_S = 240
 
 
@@ -56,22 +56,8 @@ def _python(*args: str, cwd: Path, **extra: str) -> subprocess.CompletedProcess[
 
 @pytest.fixture(scope="module")
 def installed() -> Path:
-    """The ``.pth`` this interpreter runs at startup: this checkout's, or a skip where
-    fmesh is installed from another checkout (not this one's packaging to judge)."""
-    dirs = [*site.getsitepackages(), site.getusersitepackages()]
-    found = [Path(d, PTH) for d in dirs if Path(d, PTH).is_file()]
-    where = subprocess.run(
-        [sys.executable, "-c", "import fmesh; print(fmesh.__file__)"],
-        cwd=ROOT.parent,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    ).stdout.strip()
-    if not where or not Path(where).resolve().is_relative_to(ROOT / "fmesh"):
-        pytest.skip(f'fmesh is not installed from this checkout: pip install -e "{ROOT}"')
-    assert found, f"{PTH} is not in {dirs}: pip install -e . installs it (pyproject.toml)"
-    return found[0]
+    """The ``.pth`` this interpreter runs at startup (this checkout's install)."""
+    return route_pth()
 
 
 CHECK_LINE = """\
