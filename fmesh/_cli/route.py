@@ -100,7 +100,7 @@ def _run_path(given: str, rest: list[str]) -> int:
     if pkgutil.get_importer(path) is not None:  # a directory or a zip file
         # python puts it first on sys.path, -P or not; `-m fmesh.route` put the
         # current folder there (unless -P), which python DIR does not.
-        sys.path[: 0 if sys.flags.safe_path else 1] = [path]
+        sys.path[: 0 if _safe_path() else 1] = [path]
         _execute(_fresh_main(), module="__main__")
         return 0
     try:
@@ -112,7 +112,7 @@ def _run_path(given: str, rest: list[str]) -> int:
             f"{err.strerror}\n"
         )
         return 2
-    if not sys.flags.safe_path:  # the script's folder (symbolic links resolved)
+    if not _safe_path():  # the script's folder (symbolic links resolved)
         sys.path[0] = os.path.dirname(os.path.realpath(path))
     module = _fresh_main()
     loader: SourceFileLoader | SourcelessFileLoader
@@ -123,6 +123,11 @@ def _run_path(given: str, rest: list[str]) -> int:
     vars(module).update(__file__=path, __cached__=None, __loader__=loader)
     _execute(module, source=source)
     return 0
+
+
+def _safe_path() -> bool:
+    """``python -P`` (3.11+): no folder of the program was put first on ``sys.path``."""
+    return bool(getattr(sys.flags, "safe_path", False))
 
 
 def _execute(main: ModuleType, *, module: str = "", source: bytes = b"") -> None:
