@@ -6,17 +6,20 @@
     python -m fmesh.route train.py --steps 10
     python -m fmesh.route -m package.train --steps 10
 
-Before the script runs, ``fmesh.device_mesh.route()`` makes torch's own
+As torch is imported, ``fmesh.device_mesh.route()`` makes torch's own
 ``init_device_mesh`` (wherever it is held, in the script, its libraries and torch)
 behave as the one-import drop-in, ``fmesh.device_mesh.init_device_mesh``; torch's
-DeviceMesh methods on its meshes go through fmesh too. The script runs as Python runs
-it (``runpy``): ``__name__ == "__main__"``, its arguments in ``sys.argv``, its folder
-first on ``sys.path``, and its tracebacks without this runner's frames.
+DeviceMesh methods on its meshes go through fmesh too, and so do the Python processes
+the script starts (``FMESH_ROUTE=1``). The script runs exactly as ``python SCRIPT``
+runs it (a directory or zip file with a ``__main__.py`` too, and ``-m MODULE`` as
+``python -m``): it is ``sys.modules["__main__"]``, with Python's ``sys.argv``,
+``sys.path``, ``__spec__``, ``__loader__`` and ``__package__``, and its tracebacks and
+exit status are Python's, without this runner's frames.
 """
 
 import sys as _sys
 
-from ._torch.route import main as _main
+from ._cli.route import main as _main
 
 __all__: list[str] = []
 

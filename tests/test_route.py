@@ -5,9 +5,10 @@ caller changed.
 Every case runs in fresh processes (routing changes torch for the process): one rank
 of a fake world for what routing reaches and what ``unroute`` restores, torch's
 threaded world, real gloo ranks for agreement and the memo (the fault bounds are in
-test_peerloss.py, which routes too), and the command line as a user types it. Real
-clients (torchtitan's training loop under torchrun, accelerate) are in
-test_route_clients.py.
+test_peerloss.py, which routes too). ``python -m fmesh.route`` against ``python``
+itself is in test_route_python.py, the processes a routed job starts in
+test_route_children.py, and real clients (torchtitan's training loop under torchrun,
+accelerate, Lightning) in test_route_clients.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,8 +26,6 @@ from _dist import run_spawn, threaded_world
 from titan_recipe import count_new_group
 
 import fmesh
-
-ROOT = Path(__file__).resolve().parents[1]
 
 EARLY = """\
 import functools
@@ -80,6 +78,7 @@ def routing_job(_: int, __: int, folder: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     route()
     route()  # idempotent: still one routing, undone by one unroute
+    env = [os.environ.get("FMESH_ROUTE")]  # what the processes started now inherit
     late: Any = importlib.import_module("late_holder")
     out["signature_kept"] = str(inspect.signature(fn)) == signature
     out["same_object"] = all(
@@ -119,6 +118,8 @@ def routing_job(_: int, __: int, folder: str) -> dict[str, Any]:
         out["error"] = (type(err).__name__, str(err).splitlines()[0])
     unroute()
     unroute()  # nothing left to undo
+    env.append(os.environ.get("FMESH_ROUTE"))
+    out["env"] = env
     restored = (fn.__code__, fn.__defaults__, fn.__kwdefaults__, dict(vars(fn)))
     out["restored"] = (
         all(a is b for a, b in zip(restored[:3], before[:3])) and restored[3] == before[3]
@@ -152,6 +153,8 @@ def test_route_reaches_every_holder_and_unroute_restores_torch(tmp_path: Path) -
     assert out["error"][1].startswith("Each mesh_dim_name must be unique")
     # unroute(): torch's code, defaults and attributes, the same function object.
     assert out["restored"] and not out["routed_after"]
+    # Processes started while routed are routed too; after unroute(), not.
+    assert out["env"] == ["1", None]
     assert out["torch_after"] and out["torch_groups_after"]
     assert out["kept"]
 
@@ -287,118 +290,3 @@ def test_routed_calls_agree_and_hit_the_memo_on_gloo(tmp_path: Path) -> None:
         assert out["new_group"] == 0
         assert out["error"] is not None, rank
         assert "Mesh(a=2, b=2)" in out["error"] and "Mesh(b=2, a=2)" in out["error"]
-
-
-# -- the command line ---------------------------------------------------------------------
-
-SCRIPT = """\
-import json, pickle, sys
-
-if __package__:  # run as a module (-m job.train)
-    from . import helper
-else:  # run as a script: its folder is first on sys.path
-    import helper
-
-
-class Point:
-    pass
-
-
-if __name__ == "__main__":
-    if sys.argv[1] == "exit":
-        sys.exit(3)
-    if sys.argv[1] == "raise":
-        helper.fail()
-    from fmesh._compat import swap
-
-    facts = {
-        "argv": sys.argv,
-        "path0": sys.path[0],
-        "file": __file__,
-        "helper": helper.VALUE,
-        "routed": swap.routed(),
-        "pickles": type(pickle.loads(pickle.dumps(Point()))).__name__,
-    }
-    print(json.dumps(facts))
-"""
-
-HELPER = """\
-VALUE = 7
-
-
-def fail():
-    raise ValueError("the script's own error")
-"""
-
-
-def _python(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-    )
-
-
-@pytest.fixture
-def scripts(tmp_path: Path) -> Path:
-    folder = tmp_path / "job"
-    folder.mkdir()
-    (folder / "train.py").write_text(SCRIPT)
-    (folder / "helper.py").write_text(HELPER)
-    return folder
-
-
-def test_python_m_fmesh_route_runs_a_script_as_python_runs_it(scripts: Path) -> None:
-    import json
-
-    here = scripts.parent  # run from elsewhere: the script's folder goes first
-    script = str(scripts / "train.py")
-    proc = _python("-m", "fmesh.route", "job/train.py", "ok", "--flag", cwd=here)
-    assert proc.returncode == 0, proc.stderr
-    facts = json.loads(proc.stdout)
-    assert facts == {
-        "argv": [script, "ok", "--flag"],  # argv[0] absolute, as __file__
-        "path0": str(scripts),
-        "file": script,
-        "helper": 7,
-        "routed": True,
-        "pickles": "Point",
-    }
-    proc = _python("-m", "fmesh.route", script, "exit", cwd=here)
-    assert proc.returncode == 3, proc.stderr
-    # The script's traceback as Python prints it: the same text, no frame of the runner.
-    ours = _python("-m", "fmesh.route", script, "raise", cwd=here)
-    plain = _python(script, "raise", cwd=here)
-    assert ours.returncode == plain.returncode == 1
-    assert ours.stderr == plain.stderr, ours.stderr
-    assert ours.stderr.startswith('Traceback (most recent call last):\n  File "' + script)
-    assert ours.stderr.endswith("ValueError: the script's own error\n")
-
-
-def test_python_m_fmesh_route_m_runs_a_module(scripts: Path) -> None:
-    import json
-
-    (scripts / "__init__.py").write_text("")
-    proc = _python("-m", "fmesh.route", "-mjob.train", "ok", cwd=scripts.parent)
-    assert proc.returncode == 0, proc.stderr
-    facts = json.loads(proc.stdout)
-    assert facts["argv"] == [str(scripts / "train.py"), "ok"]  # as python -m sets it
-    assert facts["routed"] and facts["pickles"] == "Point"
-    proc = _python("-m", "fmesh.route", "-m", "job.nosuch", cwd=scripts.parent)
-    assert proc.returncode == 1
-    assert proc.stderr == "python -m fmesh.route: No module named job.nosuch\n"
-
-
-def test_python_m_fmesh_route_says_how_to_call_it(tmp_path: Path) -> None:
-    proc = _python("-m", "fmesh.route", cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.startswith("usage: python -m fmesh.route")
-    proc = _python("-m", "fmesh.route", "--help", cwd=tmp_path)
-    assert proc.returncode == 0 and "torchrun [TORCHRUN ARGS] -m fmesh.route" in proc.stdout
-    proc = _python("-m", "fmesh.route", "--nproc-per-node", "2", "x.py", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "unknown option '--nproc-per-node': options go to torchrun" in proc.stderr
-    proc = _python("-m", "fmesh.route", "nosuch.py", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert f"can't open file {str(tmp_path / 'nosuch.py')!r}" in proc.stderr
-    proc = _python("-m", "fmesh.route", "-m", cwd=tmp_path)
-    assert proc.returncode == 2 and "-m needs a module name" in proc.stderr

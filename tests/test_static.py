@@ -229,7 +229,7 @@ LAYERS = {
     "_runtime": {"_core", "_compat", "_protocol", "_runtime"},
     "_torch": {"_core", "_compat", "_runtime", "_torch"},
     "_plan": {"_core", "_compat", "_protocol", "_runtime", "_torch", "_plan"},
-    "_cli": {"_core", "_compat", "_runtime", "_plan", "_cli"},
+    "_cli": {"_core", "_compat", "_runtime", "_torch", "_plan", "_cli"},
 }
 """Subpackage -> the subpackages it may import (lazily and for type checking too): the
 core needs nothing, the cross-rank protocol (agreement, streams, liveness) knows
