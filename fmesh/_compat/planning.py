@@ -14,11 +14,11 @@ while ``observing`` is active:
   group made here by none of the functions below nor by fmesh is reported too.
 * ``_new_group_with_tag`` (behind ``new_group``): reported with the ranks, backend
   and options the caller asked for, before the swap.
-* ``split_group``: torch refuses it where no device is bound to the default group
-  (every CPU host, and a GPU host whose default group was started without
-  ``device_id``): here it raises as torch would at launch when the observer says so
-  (``Observer.bound_device``); else it is reported and this rank's part made as a
-  fake group.
+* ``split_group``: torch 2.11 to 2.14 refuse it where no device is bound to the
+  default group (every CPU host, and a GPU host whose default group was started
+  without ``device_id``): here it raises as torch would at launch
+  (``split_refusal``, ``Observer.bound_device``); else it is reported and this
+  rank's part made as a fake group.
 * ``DeviceMesh._init_one_process_group``: torch makes one dimension's groups with a
   ``new_group`` call per group, O(world) calls on every rank; they are reported as
   one ``DimCall`` holding them all.
@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol, cast, final
 
 import attrs
+
+from .c10d import torch_version
 
 __all__ = [
     "DimCall",
@@ -296,20 +298,27 @@ def planned_split_group(
     return split_group
 
 
-def split_refusal(split_ranks: object, bound: bool) -> Exception | None:
-    """The error torch's ``split_group`` raises before it makes anything, as torch
-    2.11 to 2.15 check (the same checks, in torch's order), for a launch whose default
-    group has a device bound (``bound``) or not; ``None`` where it goes on.
+def split_refusal(
+    split_ranks: object, bound: bool, version: tuple[int, int] | None = None
+) -> Exception | None:
+    """The error torch's ``split_group`` raises before it makes anything, for a launch
+    whose default group has a device bound (``bound``) or not, as this torch (or
+    ``version``) checks it: no split ranks; then, on torch 2.11 to 2.14, no device
+    bound to the default group (every CPU launch: torch binds only accelerators).
+    torch 2.15 splits any group whose backend can (gloo and NCCL can). ``None``
+    where it goes on.
 
-    >>> split_refusal([[0, 1]], bound=False)  # doctest: +ELLIPSIS
+    >>> split_refusal([[0, 1]], bound=False, version=(2, 13))  # doctest: +ELLIPSIS
     RuntimeError('No device associated with the default pg, not safe to split ...')
-    >>> split_refusal([[0, 1]], bound=True) is None
+    >>> split_refusal([[0, 1]], bound=True, version=(2, 13)) is None
+    True
+    >>> split_refusal([[0, 1]], bound=False, version=(2, 15)) is None
     True
     """
     if not split_ranks:
         return ValueError("split_ranks cannot be None or empty")
     torchcomms: Callable[[], bool] = getattr(_c10d(), "_use_torchcomms_enabled", lambda: False)
-    if not bound and not torchcomms():
+    if (version or torch_version()) < (2, 15) and not bound and not torchcomms():
         return RuntimeError(
             "No device associated with the default pg, not safe to split any process groups"
         )
