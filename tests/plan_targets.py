@@ -246,6 +246,13 @@ def dim_names_reordered_on_one_rank() -> dict[str, Any]:
     return {"mesh": init_device_mesh("cpu", (2, world // 2), mesh_dim_names=names)}
 
 
+def unnamed_on_one_rank() -> dict[str, Any]:
+    """Rank 1 builds the same 2-d mesh without dim names (used by index everywhere)."""
+    world, odd = _one_rank()
+    names = None if odd else ("dp", "tp")
+    return {"mesh": init_device_mesh("cpu", (2, world // 2), mesh_dim_names=names)}
+
+
 def unflatten_other_names_on_one_rank() -> dict[str, Any]:
     """Every rank unflattens the 1-d world mesh alike, rank 1 under other names."""
     world, odd = _one_rank()

@@ -44,6 +44,7 @@ TARGETS = (
     "world_mesh_first_on_one_rank",
     "factory_world_mesh_first_on_one_rank",
     "dim_names_reordered_on_one_rank",
+    "unnamed_on_one_rank",
     "unflatten_other_names_on_one_rank",
     "fmesh_timeout_on_every_rank",
     "split_group_on_every_rank",
@@ -72,6 +73,7 @@ EXPECTED = {
         "world_mesh_first_on_one_rank": "finished",
         "factory_world_mesh_first_on_one_rank": "finished",
         "dim_names_reordered_on_one_rank": "finished",
+        "unnamed_on_one_rank": "finished",
         "unflatten_other_names_on_one_rank": "finished",
         "fmesh_timeout_on_every_rank": "finished" if _torch_takes_timeout() else "TypeError",
         "split_group_on_every_rank": _split(),
@@ -216,7 +218,7 @@ def test_routed_meshes_are_torchs_wherever_torch_runs(launches: dict[str, Launch
         for t in TARGETS
         if launches["torch"].outcome(t) == launches["route"].outcome(t) == "finished"
     ]
-    assert len(finished) >= 5
+    assert len(finished) >= 6
     for target in finished:
         plain, routed = launches["torch"].meshes(target), launches["route"].meshes(target)
         # Every rank: the same meshes, names, coordinates, local ranks, group members,
