@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _dist import run_cli
+from _dist import run_cli, run_spawn
 
 import fmesh
 
@@ -318,3 +318,37 @@ def test_a_flatten_in_another_order_on_one_rank_runs_on_torch_and_is_refused_rou
     flat = {r.rank: r.meshes[1].coordinate for r in plain.ranks}
     assert [flat[r] for r in (0, 2, 4, 6)] == [(0,), (2,), (2,), (3,)]
     assert routed.divergence is not None and routed.divergence.ranks == (0, 2)
+
+
+def routed_process_job(_: int, __: int) -> dict[str, object]:
+    """A process that routed torch itself plans a plain launch: torch's own function
+    for the plan, routed again after."""
+    from fmesh._compat import swap
+    from fmesh.device_mesh import route
+
+    route()
+    out: dict[str, object] = {}
+    try:
+        fmesh.plan(
+            plan_targets.fmesh_timeout_on_every_rank, world=4, ranks=[0], launch="torch"
+        )
+    except TypeError as err:
+        out["plain"] = str(err)
+    out["routed_after"] = swap.routed()
+    out["route"] = fmesh.plan(
+        plan_targets.fmesh_timeout_on_every_rank, world=4, ranks=[0]
+    ).outcome
+    out["still_routed"] = swap.routed()
+    return out
+
+
+def test_a_routed_process_plans_a_plain_launch_with_torchs_own_function(
+    tmp_path: Path,
+) -> None:
+    (out,) = run_spawn(routed_process_job, 1, tmp_path=tmp_path, launch_env=False).values()
+    assert out == {
+        "plain": "init_device_mesh() got an unexpected keyword argument 'timeout'",
+        "routed_after": True,
+        "route": "finished",
+        "still_routed": True,
+    }
