@@ -4,9 +4,11 @@ into this module to route it)."""
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -152,9 +154,12 @@ def new_group_on_one_rank() -> None:
 
 
 def torch_groups() -> None:
-    """torch's own group calls, alike on every rank: new_group, new_subgroups,
-    split_group, and a local new_group per pair of ranks."""
+    """torch's own group calls, alike on every rank, in a GPU trainer whose default
+    group has a device bound (which torch's split_group needs): new_group,
+    new_subgroups, split_group, and a local new_group per pair of ranks."""
     world, rank = _world_rank()
+    local = int(os.environ["LOCAL_RANK"])
+    dist.init_process_group("cpu:gloo,cuda:nccl", device_id=torch.device("cuda", local))
     dist.new_group(list(range(world // 2)), backend="gloo")
     dist.new_subgroups(2)  # type: ignore[no-untyped-call]  # torch leaves it untyped
     dist.split_group(split_ranks=[list(range(world // 2)), list(range(world // 2, world))])
@@ -204,3 +209,97 @@ def lone_rank_diverges() -> None:
     world, rank = _world_rank()
     shape = {"dp": 2, "tp": world // 2} if rank != 5 else {"dp": world // 2, "tp": 2}
     fmesh.realize(fmesh.make_mesh(shape))
+
+
+# -- issue 42: where plain torch and a routed launch part ways (tests/test_plan_launch.py) --
+# Each runs on 4 gloo ranks, plain and under -m fmesh.route, and is planned for both.
+
+
+def _meshes(**meshes: Any) -> dict[str, Any]:
+    return meshes
+
+
+def world_mesh_first_on_one_rank() -> dict[str, Any]:
+    """Rank 1 builds the 1-d world mesh first (the default group: torch makes no
+    group, fmesh's call is a memo hit), then every rank the same 2-d mesh."""
+    world, odd = _one_rank()
+    first = _meshes(world=init_device_mesh("cpu", (world,))) if odd else {}
+    return {
+        **first,
+        "mesh": init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp")),
+    }
+
+
+def factory_world_mesh_first_on_one_rank() -> dict[str, Any]:
+    """As ``world_mesh_first_on_one_rank``, through the registry captured at import."""
+    world, odd = _one_rank()
+    build = FACTORY["mesh"]
+    first = _meshes(world=build("cpu", (world,))) if odd else {}
+    return {**first, "mesh": build("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))}
+
+
+def dim_names_reordered_on_one_rank() -> dict[str, Any]:
+    """Rank 1 names the dims of the same 2-d mesh in the other order (every rank uses
+    the dims by index): the same groups."""
+    world, odd = _one_rank()
+    names = ("tp", "dp") if odd else ("dp", "tp")
+    return {"mesh": init_device_mesh("cpu", (2, world // 2), mesh_dim_names=names)}
+
+
+def unnamed_on_one_rank() -> dict[str, Any]:
+    """Rank 1 builds the same 2-d mesh without dim names (used by index everywhere)."""
+    world, odd = _one_rank()
+    names = None if odd else ("dp", "tp")
+    return {"mesh": init_device_mesh("cpu", (2, world // 2), mesh_dim_names=names)}
+
+
+def unflatten_other_names_on_one_rank() -> dict[str, Any]:
+    """Every rank unflattens the 1-d world mesh alike, rank 1 under other names."""
+    world, odd = _one_rank()
+    root = init_device_mesh("cpu", (world,), mesh_dim_names=("world",))
+    names = ("x", "y") if odd else ("dp", "tp")
+    return {"world": root, "mesh": root._unflatten(0, (2, world // 2), names)}
+
+
+def same_mesh_twice_on_one_rank() -> dict[str, Any]:
+    """Rank 1 builds the same 2-d mesh twice: torch's second ``init_device_mesh`` makes
+    its groups again, on rank 1 alone; fmesh's is a memo hit."""
+    world, odd = _one_rank()
+    meshes = {"mesh": init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))}
+    if odd:
+        meshes["again"] = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    return meshes
+
+
+def split_group_on_every_rank() -> None:
+    """torch's split_group, alike on every rank of a job whose default group has no
+    device bound (every CPU launch: torch binds only accelerators)."""
+    world, _ = _world_rank()
+    dist.split_group(split_ranks=[list(range(world // 2)), list(range(world // 2, world))])
+
+
+def fmesh_timeout_on_every_rank() -> dict[str, Any]:
+    """fmesh's ``timeout=`` given to torch's ``init_device_mesh`` (only the routed launch
+    knows it)."""
+    world, _ = _world_rank()
+    timeout = datetime.timedelta(minutes=5)
+    mesh = init_device_mesh(  # type: ignore[call-arg]  # fmesh's keyword, not torch's
+        "cpu", (2, world // 2), mesh_dim_names=("dp", "tp"), timeout=timeout
+    )
+    return {"mesh": mesh}
+
+
+def flatten_reversed_on_one_rank() -> dict[str, Any]:
+    """Rank 2 flattens ``tp`` and ``dp`` in the other order: torch sorts each group's
+    ranks, so it makes the same groups (and runs), but rank 2 takes place 2 along the
+    flattened dim, where the others put rank 4 (and rank 2 at 1); fmesh's groups are in
+    coordinate order, so they differ, and the routed launch refuses it (8 ranks)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    world, rank = _world_rank()
+    root = init_device_mesh("cpu", (2, 2, world // 4), mesh_dim_names=("dp", "tp", "cp"))
+    if rank == 2:
+        flat = DeviceMesh._concatenate([root["tp"], root["dp"]])._flatten("dp_tp")
+    else:
+        flat = root["dp", "tp"]._flatten("dp_tp")
+    return {"root": root, "flat": flat}

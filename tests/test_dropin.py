@@ -319,11 +319,12 @@ def mismatch_job(rank: int, world: int) -> Facts:
     # Every rank through gloo's connectFullMesh before any can raise and exit: a rank
     # still connecting to one that left fails inside init_process_group instead.
     dist.barrier()
-    # Both shapes create groups, so every rank agrees first (a call that creates
-    # nothing, such as a 1-d world mesh, is matched at the rank's next creating call).
-    names = ("dp", "tp") if rank == 0 else ("tp", "dp")
+    # Both shapes create groups (a size-1 dim gets a group of its own), so every rank
+    # agrees first. Names alone that differ over the same groups are no mismatch for
+    # torch's API (tests/test_plan_launch.py).
+    shape = (1, world) if rank == 0 else (2, world // 2)
     try:
-        init_device_mesh("cpu", (2, world // 2), mesh_dim_names=names)
+        init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
     except fmesh.MeshMismatchError as err:
         return {"error": "MeshMismatchError", "message": str(err)}
     return {"error": None}
@@ -334,4 +335,4 @@ def test_ranks_that_disagree_get_an_error_instead_of_a_hang(tmp_path: Path) -> N
     for out in outs:
         assert out["error"] == "MeshMismatchError"
         assert "Mesh(dp=2, tp=2)" in out["message"], out["message"]
-        assert "Mesh(tp=2, dp=2)" in out["message"], out["message"]
+        assert "Mesh(dp=1, tp=4)" in out["message"], out["message"]

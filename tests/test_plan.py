@@ -17,12 +17,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from _dist import run_cli
 
 import fmesh
+from fmesh._plan.compare import first_divergence
 from fmesh._plan.render import JSON_MEMBERS, plan_json, plan_text
-from fmesh._plan.report import first_divergence
 from fmesh._plan.sample import spread
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,7 +167,16 @@ def _report(world: int = 64) -> fmesh.PlanReport:
 
 def test_text_and_json_render_every_mesh_and_group() -> None:
     text = plan_text(_report())
-    assert "fmesh plan m:f: 1 of 64 ranks" in text
+    assert text.startswith(
+        "fmesh plan m:f predicts a launch under torchrun ... -m fmesh.route on torch "
+        "(--launch route: torch's init_device_mesh and DeviceMesh methods routed through "
+        "fmesh, captured copies included): 1 of 64 ranks, each on a fresh fake world"
+    )
+    plain = plan_text(attrs.evolve(_report(), launch="torch", torch_version="2.13.0"))
+    assert plain.startswith(
+        "fmesh plan m:f predicts a plain torchrun launch on torch 2.13.0 (--launch torch: "
+        "torch's own init_device_mesh and DeviceMesh methods): 1 of 64 ranks"
+    )
     assert (
         "rank 3: 1 meshes, 1 creating realize calls, 2 groups created by fmesh, 2 held by "
         "its meshes (2 of more than one rank), 0.01 s, peak memory 1.0 MiB (+0.5 MiB "
@@ -179,6 +189,11 @@ def test_text_and_json_render_every_mesh_and_group() -> None:
     )
     payload = json.loads(plan_json(_report()))
     assert payload["ok"] is True and payload["divergence"] is None
+    assert (payload["launch"], payload["outcome"], payload["warnings"]) == (
+        "route",
+        "finished",
+        [],
+    )
     (r,) = payload["ranks"]
     assert r["calls"] == [
         {
@@ -189,6 +204,7 @@ def test_text_and_json_render_every_mesh_and_group() -> None:
             "history": "",
             "members": None,
             "held": None,
+            "names": [],
         }
     ]
     dp, tp = r["meshes"][0]["groups"]
@@ -408,9 +424,8 @@ def test_torch_is_routed_for_the_plan_and_restored_after() -> None:
 def test_cli_plans_torchtitan_and_finds_the_planted_bug() -> None:
     good = run_cli("plan", "--world", "512", "--rank", "sample:4", TITAN)
     assert good.returncode == 0, good.stderr
-    assert good.stdout.startswith(
-        f"fmesh plan {TITAN}: 4 of 512 ranks, each on a fresh fake world"
-    )
+    assert good.stdout.startswith(f"fmesh plan {TITAN} predicts a launch under torchrun")
+    assert ": 4 of 512 ranks, each on a fresh fake world" in good.stdout.splitlines()[0]
     assert (
         "cross-rank check: the 4 planned ranks make the same 4 creating realize calls"
         in good.stdout
@@ -419,11 +434,11 @@ def test_cli_plans_torchtitan_and_finds_the_planted_bug() -> None:
     bad = run_cli("plan", "--world", "512", "--rank", "sample:4", BUGGY)
     assert bad.returncode == 1, bad.stderr
     verdict = bad.stdout.rstrip().splitlines()[-1]
+    # torch's API through fmesh: the world mesh before (a memo hit) is no part of it.
     assert verdict.startswith(
         "cross-rank check FAILED: ranks 0 and 511 disagree at realize call #1: rank 0 "
-        "realizes Mesh(pp=8, batch=4, cp=2, tp=8) on cpu:gloo,cuda:nccl after 1 memoized "
-        "realize call (Mesh(world=512) on cpu:gloo,cuda:nccl), rank 511 realizes "
-        "Mesh(pp=8, batch=8, cp=2, tp=4)"
+        "realizes Mesh(pp=8, batch=4, cp=2, tp=8) on cpu:gloo,cuda:nccl, rank 511 "
+        "realizes Mesh(pp=8, batch=8, cp=2, tp=4)"
     )
 
 

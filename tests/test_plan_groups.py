@@ -1,13 +1,15 @@
 """``fmesh plan`` sees every group a rank's code makes, and says "agree" only where a
 launch would: fmesh's realize calls with the backends and options they ask for,
 torch's own ``new_group``/``split_group``, a DeviceMesh torch builds from a tensor or
-through an ``init_device_mesh`` held since before the plan, real backends played by
-the fake one, and the variables torchrun sets.
+(on a plain launch, ``--launch torch``) through an ``init_device_mesh`` a registry
+captured at import, real backends played by the fake one, and the variables torchrun
+sets.
 
 Every planted divergence is in ``tests/plan_targets.py``; the CLI runs as a
 subprocess. Where a divergence shows in fmesh's agreement, a real 4-rank gloo launch of
 the same code (routed through fmesh's drop-in, as the plan routes it) checks that the
-launch fails exactly where the plan says so.
+launch fails exactly where the plan says so; ``tests/test_plan_launch.py`` launches
+issue 42's cases with torchrun, plain and routed.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pytest
 from _dist import run_cli, run_spawn
 
 import fmesh
-from fmesh._plan.report import first_divergence
+from fmesh._plan.compare import first_divergence
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -51,7 +53,8 @@ def verdict(result: subprocess.CompletedProcess[str]) -> str:
             ),
         ),
         (
-            "factory_mesh_on_one_rank",
+            # A plain launch: torch's init_device_mesh, captured at import, is torch's.
+            "factory_mesh_on_one_rank --launch torch",
             (
                 "rank 0 calls torch's DeviceMesh making the groups of dim 'dp' itself: 8 "
                 "new_group calls, groups of 1 rank",
@@ -89,7 +92,8 @@ def verdict(result: subprocess.CompletedProcess[str]) -> str:
 def test_a_planted_divergence_exits_1_naming_both_ranks_and_calls(
     target: str, calls: tuple[str, str]
 ) -> None:
-    result = run_cli("plan", "--world", "8", "--rank", "0,1,2", f"{TARGETS}:{target}")
+    target, *launch = target.split()
+    result = run_cli("plan", "--world", "8", "--rank", "0,1,2", f"{TARGETS}:{target}", *launch)
     assert result.returncode == 1, result.stdout + result.stderr
     last = verdict(result)
     assert last.startswith("cross-rank check FAILED: ranks 0 and 1 disagree at "), last
@@ -172,23 +176,33 @@ def test_groups_fmesh_did_not_make_are_named_with_what_was_asked() -> None:
     assert torch.ok, torch.divergence
     kinds = [(c.kind, c.members) for c in torch.rank(3).calls]
     assert kinds == [
+        ("init_process_group", None),  # a device bound: split_group needs one
         ("new_group", None),
         *[("new_group", None)] * 4,  # new_subgroups(2): one call per subgroup
         ("split_group", None),
         ("new_group", (2, 3)),  # local: its members make it
     ]
-    assert torch.rank(3).calls[5].summary == (
+    assert torch.rank(3).calls[6].summary == (
         "torch's split_group([[0, 1, 2, 3], [4, 5, 6, 7]] (2 splits))"
     )
-    assert torch.rank(3).calls[5].held == (0, 1, 2, 3)
+    assert torch.rank(3).calls[6].held == (0, 1, 2, 3)
     text = run_cli("plan", "--world", "8", "--rank", "3", f"{TARGETS}:torch_groups").stdout
     assert "groups fmesh did not make (torch's own calls; compared across ranks too):" in text
-    assert "split_group #6: torch's split_group(" in text
+    assert "split_group #7: torch's split_group(" in text
     assert "rank 3's group [2, 3]" in text
 
 
 def test_a_returned_device_mesh_torch_built_is_listed_with_its_groups_outside() -> None:
-    report = fmesh.plan(plan_targets.factory_mesh, world=16, ranks=[9])
+    # -m fmesh.route routes the copy a registry captured at import: fmesh's mesh.
+    routed = fmesh.plan(plan_targets.factory_mesh, world=16, ranks=[9])
+    (mesh,) = routed.rank(9).meshes
+    assert (mesh.name, mesh.outside, [c.kind for c in routed.rank(9).calls]) == (
+        "mesh",
+        False,
+        ["realize"],
+    )
+    # On a plain launch it is torch's own.
+    report = fmesh.plan(plan_targets.factory_mesh, world=16, ranks=[9], launch="torch")
     (mesh,) = report.rank(9).meshes
     assert (mesh.name, mesh.outside, mesh.coordinate, mesh.groups) == (
         "mesh",
@@ -295,7 +309,8 @@ def test_rank_all_finds_a_lone_rank_a_sample_misses() -> None:
     every = run_cli("plan", "--world", "8", "--rank", "all", target)
     assert every.returncode == 1, every.stdout
     assert verdict(every).startswith("cross-rank check FAILED: ranks 0 and 5 disagree")
-    assert every.stdout.startswith(f"fmesh plan {target}: 8 of 8 ranks")
+    assert every.stdout.startswith(f"fmesh plan {target} predicts a launch under torchrun")
+    assert ": 8 of 8 ranks" in every.stdout.splitlines()[0]
 
 
 def test_rank_all_refuses_a_world_beyond_its_limit() -> None:

@@ -264,9 +264,9 @@ def gloo_job(rank: int, world: int) -> dict[str, Any]:
     new_groups = count_new_group()
     out: dict[str, Any] = {}
     # Both calls create groups, so every rank agrees first (as test_dropin.py's).
-    names = ("a", "b") if rank == 0 else ("b", "a")
+    shape = (1, world) if rank == 0 else (2, world // 2)
     try:
-        init_device_mesh("cpu", (2, world // 2), mesh_dim_names=names)
+        init_device_mesh("cpu", shape, mesh_dim_names=("a", "b"))
         out["error"] = None
     except fmesh.MeshMismatchError as err:
         out["error"] = str(err)
@@ -289,4 +289,4 @@ def test_routed_calls_agree_and_hit_the_memo_on_gloo(tmp_path: Path) -> None:
         assert out["created"] == 2 and out["repeat_created"] == 0, out
         assert out["new_group"] == 0
         assert out["error"] is not None, rank
-        assert "Mesh(a=2, b=2)" in out["error"] and "Mesh(b=2, a=2)" in out["error"]
+        assert "Mesh(a=2, b=2)" in out["error"] and "Mesh(a=1, b=4)" in out["error"]

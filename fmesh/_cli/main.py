@@ -278,6 +278,14 @@ def _parser() -> argparse.ArgumentParser:
         help="module:function only: print the report as one JSON object",
     )
     p.add_argument(
+        "--launch",
+        choices=("route", "torch"),
+        default="route",
+        help="module:function only: the launch to predict: route (default; torchrun "
+        "... -m fmesh.route, torch's DeviceMesh API routed through fmesh) or torch "
+        "(plain torchrun with the installed torch: its hangs and errors)",
+    )
+    p.add_argument(
         "--backend",
         default=None,
         help="the default group's backend at launch: for a spec, named in the report "
@@ -315,6 +323,11 @@ def _run(args: argparse.Namespace) -> tuple[str, int]:
     if args.json:
         raise CliError(
             "plan --json is for module:function targets; for a mesh spec, use describe --json"
+        )
+    if args.launch != "route":
+        raise CliError(
+            "plan --launch is for module:function targets, whose own code a launch runs; "
+            "a mesh spec is realized by fmesh alike under either launch"
         )
     text = plan(
         args.mesh_arg,

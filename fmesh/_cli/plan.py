@@ -113,7 +113,13 @@ def load_target(text: str) -> Callable[[], object]:
 
 
 def plan_target(
-    target: str, *, world: int, rank: str, as_json: bool, backend: str | None = None
+    target: str,
+    *,
+    world: int,
+    rank: str,
+    as_json: bool,
+    backend: str | None = None,
+    launch: str = "route",
 ) -> tuple[str, int]:
     """Plan ``target``; the text (or JSON) to print and the exit status."""
     if world < 1 or world > 2**31 - 1:
@@ -145,7 +151,13 @@ def plan_target(
 
     try:
         report = plan(
-            fn, world=world, ranks=ranks, sample=sample, backend=backend, on_rank=progress
+            fn,
+            world=world,
+            ranks=ranks,
+            sample=sample,
+            backend=backend,
+            launch=launch,
+            on_rank=progress,
         )
     except Exception:
         traceback.print_exc()
@@ -179,4 +191,5 @@ def plan_command(args: argparse.Namespace) -> tuple[str, int]:
         rank=args.rank or "sample:8",
         as_json=args.json,
         backend=args.backend,
+        launch=args.launch,
     )

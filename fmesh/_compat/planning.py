@@ -14,8 +14,11 @@ while ``observing`` is active:
   group made here by none of the functions below nor by fmesh is reported too.
 * ``_new_group_with_tag`` (behind ``new_group``): reported with the ranks, backend
   and options the caller asked for, before the swap.
-* ``split_group``: torch refuses it on a world without a bound device; here it is
-  reported and this rank's part made as a fake group.
+* ``split_group``: torch 2.11 to 2.14 refuse it where no device is bound to the
+  default group (every CPU host, and a GPU host whose default group was started
+  without ``device_id``): here it raises as torch would at launch
+  (``split_refusal``, ``Observer.bound_device``); else it is reported and this
+  rank's part made as a fake group.
 * ``DeviceMesh._init_one_process_group``: torch makes one dimension's groups with a
   ``new_group`` call per group, O(world) calls on every rank; they are reported as
   one ``DimCall`` holding them all.
@@ -33,7 +36,16 @@ from typing import Any, Protocol, cast, final
 
 import attrs
 
-__all__ = ["DimCall", "Observer", "TorchGroupCall", "observing", "on_fake_world"]
+from .c10d import torch_version
+
+__all__ = [
+    "DimCall",
+    "Observer",
+    "TorchGroupCall",
+    "observing",
+    "on_fake_world",
+    "split_refusal",
+]
 
 FMESH_PREFIX = "fmesh_"
 """The start of the names fmesh gives its own groups (``_runtime/groups.py``)."""
@@ -82,6 +94,9 @@ class Observer(Protocol):
 
     def dim_call(self, call: DimCall) -> None:
         """A DeviceMesh dimension's groups, once all are made (none: not reported)."""
+
+    def bound_device(self) -> bool:
+        """Whether the launch's default group has a device bound (``device_id``)."""
 
 
 _local = threading.local()
@@ -230,8 +245,9 @@ def _wrap_new_group(previous: Callable[..., Any], observer: Observer) -> Callabl
 def planned_split_group(
     previous: Callable[..., Any], observer: Observer
 ) -> Callable[..., Any]:
-    """``split_group`` for the fake world: reported, and this rank's split made as a
-    fake group (torch's own refuses a world without a bound device). Elsewhere it is
+    """``split_group`` for the fake world: refused as torch refuses it at launch
+    (``split_refusal``), else reported and this rank's split made as a fake group
+    (torch's own refuses the fake world, which has no bound device). Elsewhere it is
     ``previous``."""
     bind = _arguments(previous)
 
@@ -241,6 +257,9 @@ def planned_split_group(
         import torch.distributed as dist
 
         a = bind(args, kwargs)
+        refused = split_refusal(a.get("split_ranks"), observer.bound_device())
+        if refused is not None:
+            raise refused
         parent = a.get("parent_pg") or dist.group.WORLD
         to_global = dist.get_process_group_ranks(parent)
         splits = [sorted(to_global[r] for r in s) for s in a.get("split_ranks") or []]
@@ -277,6 +296,33 @@ def planned_split_group(
         return pg
 
     return split_group
+
+
+def split_refusal(
+    split_ranks: object, bound: bool, version: tuple[int, int] | None = None
+) -> Exception | None:
+    """The error torch's ``split_group`` raises before it makes anything, for a launch
+    whose default group has a device bound (``bound``) or not, as this torch (or
+    ``version``) checks it: no split ranks; then, on torch 2.11 to 2.14, no device
+    bound to the default group (every CPU launch: torch binds only accelerators).
+    torch 2.15 splits any group whose backend can (gloo and NCCL can). ``None``
+    where it goes on.
+
+    >>> split_refusal([[0, 1]], bound=False, version=(2, 13))  # doctest: +ELLIPSIS
+    RuntimeError('No device associated with the default pg, not safe to split ...')
+    >>> split_refusal([[0, 1]], bound=True, version=(2, 13)) is None
+    True
+    >>> split_refusal([[0, 1]], bound=False, version=(2, 15)) is None
+    True
+    """
+    if not split_ranks:
+        return ValueError("split_ranks cannot be None or empty")
+    torchcomms: Callable[[], bool] = getattr(_c10d(), "_use_torchcomms_enabled", lambda: False)
+    if (version or torch_version()) < (2, 15) and not bound and not torchcomms():
+        return RuntimeError(
+            "No device associated with the default pg, not safe to split any process groups"
+        )
+    return None
 
 
 def _wrap_dim(previous: Callable[..., Any], observer: Observer) -> Callable[..., Any]:

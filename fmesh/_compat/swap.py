@@ -18,10 +18,11 @@ stays callable (``torch_init_device_mesh``) for callers that need torch's behavi
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ __all__ = [
     "routed",
     "torch_init_device_mesh",
     "unroute_init_device_mesh",
+    "unrouted",
 ]
 
 _lock = threading.Lock()
@@ -130,6 +132,24 @@ def unroute_init_device_mesh() -> bool:
         vars(fn).update(attributes)
         _saved = None
     return True
+
+
+@contextlib.contextmanager
+def unrouted() -> Iterator[None]:
+    """Inside, torch's ``init_device_mesh`` runs torch's own code (``fmesh plan
+    --launch torch`` in a routed process); routed again to the same target after, as
+    it was. A route made inside is undone on exit where there was none before."""
+    with _lock:
+        target = _target if _saved is not None else None
+    if target is not None:
+        unroute_init_device_mesh()
+    try:
+        yield
+    finally:
+        if target is not None:
+            route_init_device_mesh(target)
+        elif routed():
+            unroute_init_device_mesh()
 
 
 def torch_init_device_mesh() -> Callable[..., DeviceMesh]:

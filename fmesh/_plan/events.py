@@ -14,6 +14,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from .._core.mesh import Mesh
 from .._protocol.stream import call_code, combine
 from .._runtime.hooks import on_creating_call, on_realized
 from .report import PlannedCall
@@ -22,9 +23,8 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from .._compat.planning import DimCall, TorchGroupCall
-    from .._core.mesh import Mesh
 
-__all__ = ["Recorder", "active", "options_words", "ranks_head"]
+__all__ = ["Recorder", "active", "backends_made", "options_words", "ranks_head"]
 
 
 class Recorder:
@@ -38,17 +38,36 @@ class Recorder:
         self.backend = backend
         """The default group's backend at launch (as the function's own
         ``init_process_group`` asked, if it called one)."""
+        self.started: str | None = None
+        """What starts the default group at launch, as far as seen: ``"init"`` (the
+        function's own ``init_process_group``), ``"fmesh"`` (a realize call came
+        first) or ``"torch"`` (torch's own group calls came first)."""
+        self.device = False
+        """The function's own ``init_process_group`` bound a device (``device_id=``)."""
         self._torch = 0
+
+    def bound_device(self) -> bool:
+        """Whether the default group has a bound device at launch (what torch's
+        ``split_group`` needs): the function's own ``init_process_group`` passed
+        ``device_id``; else fmesh starts the group with a device bound where it starts
+        NCCL (the backend played names nccl: a GPU host), torch with none."""
+        if self.started == "init":
+            return self.device
+        return self.started == "fmesh" and "nccl" in self.backend
 
     # -- the compat observer ---------------------------------------------------------
 
     def torch_call(self, call: TorchGroupCall) -> None:
+        self.started = self.started or "torch"
         if call.local and call.held is None:
             return  # a local new_group on a non-member makes nothing
         self._add(call.api, _code(call, self.backend), _words(call), call)
 
     def dim_call(self, call: DimCall) -> None:
-        code = call_code("DeviceMesh", call.dim)
+        self.started = self.started or "torch"
+        # Not the dim's name: torch names its groups by their sequence number, so
+        # ranks that name a dim otherwise still meet (the name is only a description).
+        code = call_code("DeviceMesh")
         for inner in call.calls:
             code = combine(code, _code(inner, self.backend))
         sizes = sorted({len(c.ranks) for c in call.calls})
@@ -61,8 +80,10 @@ class Recorder:
         )
         self._add("DeviceMesh", code, summary, mine)
 
-    def init_call(self, backend: str) -> None:
+    def init_call(self, backend: str, device: bool = False) -> None:
+        self.started = self.started or "init"
         self.backend = backend
+        self.device = device
         code = call_code("init_process_group", backend)
         self._add("init_process_group", code, f"torch's init_process_group({backend!r})", None)
 
@@ -75,7 +96,10 @@ class Recorder:
     # -- the runtime's hooks -----------------------------------------------------------
 
     def realize_call(self, number: int, code: int, summary: object, history: str) -> None:
-        self.calls.append(PlannedCall(number, code, str(summary), history))
+        self.started = self.started or "fmesh"
+        mesh = getattr(summary, "mesh", None)
+        names = mesh.axis_names if isinstance(mesh, Mesh) else ()
+        self.calls.append(PlannedCall(number, code, str(summary), history, names=names))
 
 
 _active: list[Recorder] = []
@@ -93,7 +117,9 @@ def _on_call(number: int, code: int, summary: object, history: str) -> None:
 
 def _on_realized(mesh: Mesh, groups: Mapping[str, ProcessGroup]) -> None:
     if _active:
-        _active[-1].realized.append((mesh, dict(groups)))
+        recorder = _active[-1]
+        recorder.started = recorder.started or "fmesh"
+        recorder.realized.append((mesh, dict(groups)))
 
 
 on_creating_call(_on_call)
@@ -105,11 +131,23 @@ def _code(call: TorchGroupCall, played: str) -> int:
         call.api,
         call.ranks,
         call.splits,
-        call.backend or played,  # the default group's where none is named
+        backends_made(call.backend or played),  # the default group's where none is named
         options_words(call.options),
         call.local,
         call.holding if call.local else None,
     )
+
+
+def backends_made(backend: str) -> tuple[str, ...]:
+    """The backends a group asked for as ``backend`` makes, each once: what its
+    members' rendezvous meet over (torch makes one gloo backend for every device type
+    it serves, so ``gloo`` and ``cpu:gloo`` meet, while ``cpu:gloo,cuda:nccl`` also
+    makes an NCCL communicator).
+
+    >>> backends_made("cpu:gloo"), backends_made("gloo"), backends_made("cpu:gloo,cuda:nccl")
+    (('gloo',), ('gloo',), ('gloo', 'nccl'))
+    """
+    return tuple(sorted({part.rpartition(":")[2].strip() for part in backend.split(",")}))
 
 
 def _asked(backend: str | None, options: object) -> str:

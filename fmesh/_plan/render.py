@@ -14,7 +14,14 @@ from typing import Any
 from .events import ranks_head
 from .report import MeshPlan, PlannedCall, PlanReport, RankPlan
 
-__all__ = ["JSON_MEMBERS", "SHOWN_RANKS", "plan_json", "plan_text", "rank_line"]
+__all__ = [
+    "JSON_MEMBERS",
+    "SHOWN_RANKS",
+    "launch_words",
+    "plan_json",
+    "plan_text",
+    "rank_line",
+]
 
 JSON_MEMBERS = 1024
 """Groups up to this size list every member in ``--json``."""
@@ -90,13 +97,28 @@ def _mesh_rows(
     return rows
 
 
+def launch_words(report: PlanReport) -> str:
+    """The launch a report predicts, in words (its first line says it)."""
+    torch = f"torch {report.torch_version}" if report.torch_version else "torch"
+    if report.launch == "torch":
+        return (
+            f"predicts a plain torchrun launch on {torch} (--launch torch: torch's own "
+            "init_device_mesh and DeviceMesh methods)"
+        )
+    return (
+        f"predicts a launch under torchrun ... -m fmesh.route on {torch} (--launch "
+        "route: torch's init_device_mesh and DeviceMesh methods routed through fmesh, "
+        "captured copies included)"
+    )
+
+
 def plan_text(report: PlanReport) -> str:
     """The report ``fmesh plan module:function`` prints."""
     planned = len(report.ranks)
     out = [
-        f"fmesh plan {report.target}: {planned} of {report.world} ranks, each on a fresh "
-        "fake world (torch's 'fake' backend standing in for the backends asked for; "
-        "torch's DeviceMesh API routed through fmesh)",
+        f"fmesh plan {report.target} {launch_words(report)}: {planned} of {report.world} "
+        "ranks, each on a fresh fake world (torch's 'fake' backend standing in for the "
+        "backends asked for)",
     ]
     brief = len(report.ranks) > SHOWN_RANKS
     for i, p in enumerate(report.ranks):
@@ -112,6 +134,7 @@ def plan_text(report: PlanReport) -> str:
         out += ["", rank_line(p)]
         out += _rank_body(p)
     out.append("")
+    out += [f"warning: {w}" for w in report.warnings]
     if report.divergence is not None:
         out.append(f"cross-rank check FAILED: {report.divergence.message}")
     elif planned < 2:
@@ -174,7 +197,11 @@ def plan_json(report: PlanReport) -> str:
         "fmesh_plan": 1,
         "target": report.target,
         "world": report.world,
+        "launch": report.launch,
+        "torch": report.torch_version,
         "ok": report.ok,
+        "outcome": report.outcome,
+        "warnings": list(report.warnings),
         "ranks": [_rank_json(p) for p in report.ranks],
         "divergence": None
         if d is None
@@ -197,6 +224,7 @@ def _call_json(c: PlannedCall) -> dict[str, Any]:
         "history": c.history,
         "members": None if c.members is None else list(c.members[:JSON_MEMBERS]),
         "held": None if c.held is None else list(c.held[:JSON_MEMBERS]),
+        "names": list(c.names),
     }
 
 

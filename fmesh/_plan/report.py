@@ -9,7 +9,6 @@ mesh values, so a report of a 2**20-rank world stays small.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import final
 
 import attrs
@@ -25,7 +24,6 @@ __all__ = [
     "PlanReport",
     "PlannedCall",
     "RankPlan",
-    "first_divergence",
 ]
 
 _HELP = (
@@ -138,6 +136,9 @@ class PlannedCall:
     held: tuple[int, ...] | None = None
     """torch's calls: this rank's group (the first ranks of it for a long one);
     ``None``: not a member, or a realize call."""
+    names: tuple[str, ...] = ()
+    """Realize calls: the mesh's axis names (a call made for torch's API agrees on
+    the groups alone; names that differ are a warning, ``PlanReport.warnings``)."""
 
     def says(self, rank: int) -> str:
         done = f" after {self.history}" if self.history else ""
@@ -257,6 +258,20 @@ class PlanDivergence:
             reason = f"ranks {a} and {b} disagree at {where}: {ca.says(a)}, {cb.says(b)}"
         return f"{reason}. {_HELP}"
 
+    @property
+    def outcome(self) -> str:
+        """What the launch does there: ``"MeshMismatchError"`` (fmesh's agreement
+        fails on every rank of the call, within seconds) where both ranks make a
+        creating realize call, else ``"hang"`` (a rank waits for a call the other
+        never makes: torch's group creation until torch's timeout, fmesh's agreement
+        until the timeout)."""
+        made = [c for c in self.calls if c is not None]
+        return (
+            "MeshMismatchError"
+            if len(made) == 2 and all(c.kind == REALIZE for c in made)
+            else "hang"
+        )
+
     def error(self) -> MeshMismatchError:
         """The error ``PlanReport.check()`` raises."""
         return MeshMismatchError(self.message)
@@ -275,6 +290,20 @@ class PlanReport:
     divergence: PlanDivergence | None
     """The first group-creating call where two ranks differ (``None``: they all
     agree)."""
+    launch: str = "route"
+    """The launch predicted: ``"route"`` (``torchrun ... -m fmesh.route``: torch's
+    DeviceMesh API routed through fmesh) or ``"torch"`` (plain torchrun)."""
+    torch_version: str = ""
+    """The torch the plan ran (and the launch is predicted) with."""
+    warnings: tuple[str, ...] = ()
+    """What a launch warns about though the ranks agree: realize calls made for
+    torch's API whose groups agree but whose axis names differ between ranks."""
+
+    @property
+    def outcome(self) -> str:
+        """What the launch does: ``"finished"`` (the ranks agree), or the
+        divergence's ``outcome`` (``"MeshMismatchError"`` or ``"hang"``)."""
+        return "finished" if self.divergence is None else self.divergence.outcome
 
     @property
     def ok(self) -> bool:
@@ -292,59 +321,3 @@ class PlanReport:
         """Raise ``fmesh.MeshMismatchError`` if two planned ranks differ."""
         if self.divergence is not None:
             raise self.divergence.error()
-
-
-def first_divergence(plans: Sequence[RankPlan]) -> PlanDivergence | None:
-    """The earliest call where a planned rank differs from the first one (then, where
-    some calls involve only their members, where any two planned ranks differ).
-
-    Two ranks must make, in the same order, the calls that involve both: every call
-    but a local ``new_group``, which only its members make.
-
-    >>> c = lambda n, code: PlannedCall(n, code, f"Mesh(#{code})", "")
-    >>> p = lambda r, *calls: RankPlan(r, (), calls, 0, 0, 0, 0.0, None, None)
-    >>> first_divergence([p(0, c(1, 7)), p(5, c(1, 7))]) is None
-    True
-    >>> first_divergence([p(0, c(1, 7), c(2, 8)), p(5, c(1, 7), c(2, 9))]).ranks
-    (0, 5)
-    """
-    if len(plans) < 2:
-        return None
-    base = plans[0]
-    found = _earliest(base, plans[1:])
-    if found is not None:
-        return found
-    # Every rank then makes the same calls of the whole world as the first one; two
-    # other ranks can still differ in a local call that both make.
-    by_rank = {p.rank: p for p in plans}
-    pairs: set[tuple[int, int]] = set()
-    for p in plans[1:]:
-        for c in p.calls:
-            for r in c.members or ():
-                if r in by_rank and r not in (p.rank, base.rank):
-                    pairs.add((min(p.rank, r), max(p.rank, r)))
-    for a, b in sorted(pairs):
-        found = _earliest(by_rank[a], [by_rank[b]])
-        if found is not None:
-            return found
-    return None
-
-
-def _earliest(base: RankPlan, others: Sequence[RankPlan]) -> PlanDivergence | None:
-    """The earliest position where ``base`` and one of ``others`` differ, comparing
-    the calls that involve both, in order."""
-    best: PlanDivergence | None = None
-    for other in others:
-        mine = [c for c in base.calls if c.involves(other.rank)]
-        theirs = [c for c in other.calls if c.involves(base.rank)]
-        for i in range(max(len(mine), len(theirs))):
-            if best is not None and i + 1 >= best.number:
-                break
-            x = mine[i] if i < len(mine) else None
-            y = theirs[i] if i < len(theirs) else None
-            if x is None or y is None or x.code != y.code:
-                best = PlanDivergence(
-                    i + 1, (base.rank, other.rank), (x, y), (base.tail, other.tail)
-                )
-                break
-    return best

@@ -1,8 +1,9 @@
 """``fmesh.plan``: run a function that builds meshes as chosen ranks of a fake world.
 
 For each rank, in turn and independently: a fresh ``fake`` default group of ``world``
-ranks, torch's ``init_device_mesh`` and DeviceMesh methods routed through fmesh and
-torch's own group creation observed (``patch.py``), the torchrun variables set
+ranks, the launch predicted played (torch's ``init_device_mesh`` and DeviceMesh
+methods routed through fmesh, or torch's own) and torch's own group creation observed
+(``patch.py``), the torchrun variables set
 (``environment.py``), then the function; its group-creating calls are recorded
 (``events.py``), and everything is torn down before the next rank. torch is imported
 on first use, never by ``import fmesh``.
@@ -22,11 +23,12 @@ from .._runtime.cache import cache_stats, destroy
 from .._runtime.checks import check_backend
 from .._runtime.launch import init_fake_world, play_backend
 from .._runtime.memo import state
+from .compare import first_divergence, name_warnings
 from .environment import peak, reset_peak, torchrun_environment
 from .events import Recorder, active
 from .meshes import meshes
-from .patch import routed_torch
-from .report import PlanReport, RankPlan, first_divergence
+from .patch import LAUNCHES, routed_torch
+from .report import PlanReport, RankPlan
 from .sample import spread
 
 __all__ = ["plan", "trailing_hits"]
@@ -45,6 +47,7 @@ def plan(
     ranks: Sequence[int] | None = None,
     sample: int | None = None,
     backend: str | None = None,
+    launch: str = "route",
     on_rank: Callable[[RankPlan], None] | None = None,
 ) -> PlanReport:
     """Run ``fn()`` as each of some ranks of a fake world and report what it built.
@@ -52,9 +55,13 @@ def plan(
     For each rank, in turn: a fresh default group of ``world`` ranks on torch's
     ``fake`` backend (``fmesh.init_fake_world()``), the variables torchrun sets for a
     worker (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
-    ``TORCHELASTIC_RUN_ID``, ...; hosts of 8), and torch's own ``init_device_mesh``
-    and DeviceMesh methods routed through fmesh, so unmodified trainer code is planned
-    too. Then ``fn()`` runs. Every group it makes is recorded, whatever makes it:
+    ``TORCHELASTIC_RUN_ID``, ...; hosts of 8), and the launch it predicts: under
+    ``launch="route"`` (``torchrun ... -m fmesh.route``) torch's own
+    ``init_device_mesh`` (wherever it is held, copies captured at import included)
+    and DeviceMesh methods are routed through fmesh, so unmodified trainer code is
+    planned as that launch runs it; under ``launch="torch"`` (plain torchrun) they
+    stay torch's, with its errors (arguments it does not take) and its group
+    creation. Then ``fn()`` runs. Every group it makes is recorded, whatever makes it:
     fmesh's realize calls, and torch's own ``new_group``, ``split_group``,
     ``init_process_group`` and a DeviceMesh torch builds itself (from a tensor, or by
     an ``init_device_mesh`` held since before the routing), with the backend and
@@ -83,15 +90,23 @@ def plan(
             the group itself (its own ``init_process_group(backend)`` wins): fmesh's
             realize calls name it where no backend is given, as a launch's would. Default
             ``"cpu:gloo,cuda:nccl"``, what fmesh starts on a GPU host.
+        launch: the launch to predict: ``"route"`` (default; ``torchrun ... -m
+            fmesh.route``, or code that calls ``fmesh.device_mesh.route()``) or
+            ``"torch"`` (plain torchrun with the installed torch: a group only some
+            ranks create hangs it; ``split_group`` without a device bound to the
+            default group raises, as torch does).
         on_rank: called with each rank's plan as soon as it is done (progress).
 
     Returns:
-        A ``PlanReport``, whose ``check()`` raises ``MeshMismatchError`` when
-            two ranks would disagree at launch.
+        A ``PlanReport`` of that launch (``launch``), whose ``check()`` raises
+            ``MeshMismatchError`` when two ranks would disagree at launch and whose
+            ``outcome`` says what the launch does: ``"finished"``,
+            ``"MeshMismatchError"`` or ``"hang"``.
 
     Raises:
         MeshError: a world or rank out of range; a default process group exists.
         TypeError: ``ranks`` and ``sample`` both given, or arguments of the wrong type.
+        ValueError: ``launch`` is neither ``"route"`` nor ``"torch"``.
         Exception: whatever ``fn`` raised, with a note naming the rank.
 
     Example:
@@ -117,9 +132,12 @@ def plan(
             raise MeshError(
                 f"plan() ranks {list(ranks)}: expected one or more ranks in 0..{world - 1}"
             )
+    if launch not in LAUNCHES:
+        raise ValueError(f"plan() launch must be 'route' or 'torch', got {launch!r}")
     count = DEFAULT_SAMPLE if sample is None else _check_int(sample, "sample")
     if count < 1:
         raise MeshError(f"plan() sample is {count}; expected at least 1 rank")
+    import torch
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -135,7 +153,7 @@ def plan(
     queue = list(wanted) if wanted is not None else [0]
     # Routed once for all ranks: finding every module that holds torch's function
     # scans all modules (tens of ms with torch loaded).
-    with routed_torch():
+    with routed_torch(launch):
         while queue:
             rank = queue.pop(0)
             rank_plan, meshes = _plan_rank(fn, world, rank, played)
@@ -145,7 +163,15 @@ def plan(
             if wanted is None and len(plans) == 1:
                 queue = [r for r in spread(world, meshes, count) if r != rank]
     target = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
-    return PlanReport(target, world, tuple(plans), first_divergence(plans))
+    return PlanReport(
+        target,
+        world,
+        tuple(plans),
+        first_divergence(plans),
+        launch,
+        torch.__version__,
+        name_warnings(plans),
+    )
 
 
 def _check_int(value: object, what: str) -> int:

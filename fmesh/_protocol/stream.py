@@ -152,6 +152,15 @@ class Turn:
     key: str = ""
     """The call's part of its agreement keys, after the key root and the generation:
     ``<stream>/<number>/`` (``stream_key``)."""
+    names: int = 0
+    """The code of the call's axis names (``call_code(axis_names)``)."""
+    lenient: bool = False
+    """A call made for torch's API (the drop-in, torch's DeviceMesh methods): its
+    ``code`` is what determines the groups (layouts, rank map, backends, options),
+    without the axis names and without the history (its memo hits join no history
+    either), as torch's own group creation depends on nothing else. The protocol
+    compares ``names`` apart: ranks that name the same groups otherwise are warned,
+    not failed."""
 
 
 @attrs.define
@@ -175,25 +184,45 @@ class Stream:
         factory=lambda: collections.deque(maxlen=_RECENT)
     )
 
-    def turn(self, code: int, summary: object, agrees: bool) -> Turn:
+    def turn(
+        self,
+        code: int,
+        summary: object,
+        agrees: bool,
+        *,
+        lenient: bool = False,
+        names: int = 0,
+    ) -> Turn:
         """Place a new call: one that agrees gets the next number and carries the
-        history since the last agreement; any other joins that history as a hit.
+        history since the last agreement; any other joins that history as a hit. A
+        ``lenient`` call (``Turn.lenient``) carries no history and joins none, though
+        one that agrees starts the history again like any other.
 
         >>> s = Stream("t"); s.turn(1, "Mesh(a=2)", False).number
         0
         >>> t = s.turn(2, "Mesh(b=2)", True); t.number, t.code == combine(combine(0, 1), 2)
         (1, True)
+        >>> _ = s.turn(3, "Mesh(c=2)", False, lenient=True); s.hits
+        0
+        >>> s.hit(1, "Mesh(a=2)"); t = s.turn(2, "Mesh(b=2)", True, lenient=True)
+        >>> t.number, t.code == combine(0, 2), t.history, s.hits
+        (2, True, '', 0)
         """
         if not agrees:
-            self.hit(code, summary)
-            return Turn(0, 0, "")
+            if not lenient:
+                self.hit(code, summary)
+            return Turn(0, 0, "", names=names, lenient=lenient)
         number, history, text = self.number()
+        if lenient:
+            history, text = 0, ""
         return Turn(
             number,
             combine(history, code),
             text,
             f"realize call #{number}{stream_words(self.name)}",
             f"{stream_key(self.name)}/{number}/",
+            names,
+            lenient,
         )
 
     def hit(self, code: int, summary: object) -> None:

@@ -47,6 +47,10 @@ class Arguments:
     stream by stream, in the order each rank makes them."""
     key: Hashable | None
     """What identifies the call in its stream's memo (``None``: not memoizable)."""
+    lenient: bool = False
+    """Made for torch's API (the drop-in, torch's DeviceMesh methods on fmesh's
+    meshes): the ranks agree on what determines the groups only, neither on the axis
+    names nor on the memo hits before (``Turn.lenient``); ``realize`` is strict."""
 
 
 def checked(
@@ -55,6 +59,7 @@ def checked(
     options: object,
     timeout: datetime.timedelta | None,
     check: bool,
+    lenient: bool = False,
 ) -> Arguments:
     """The arguments of ``realize`` checked (only what a repeated call needs)."""
     require_mesh(mesh, "realize")
@@ -68,11 +73,13 @@ def checked(
             memo_backend = tuple(sorted(backend.items(), key=lambda kv: str(kv[0])))
         if isinstance(options, Mapping):
             memo_options = tuple(sorted(options.items(), key=lambda kv: str(kv[0])))
-        key = (mesh, memo_backend, memo_options, timeout)
+        # A repeat replays its code into the history: strict and lenient calls of
+        # the same mesh are other entries.
+        key = (mesh, memo_backend, memo_options, timeout, lenient)
         hash(key)
     except TypeError:
         key = None
-    return Arguments(mesh, backend, options, timeout, check, current_stream(), key)
+    return Arguments(mesh, backend, options, timeout, check, current_stream(), key, lenient)
 
 
 @final
@@ -167,22 +174,27 @@ def expand(args: Arguments) -> Call:
         )
         # A group destroyed or aborted since is forgotten: its axis is new again.
         state.forget_dead(live, (r.key for r in requests))
-        code = call_code(
-            mesh.axis_names,
+        # What determines the groups; a strict call's code names the axes too.
+        groups = (
             tuple(layout.modes for layout in mesh.axes),
             mesh.index_size,
             rank_map,
             tuple(r.backend for r in requests),
             tuple(r.options_id for r in requests),
         )
+        code = call_code(*groups) if args.lenient else call_code(mesh.axis_names, *groups)
         summary = Summary(
             mesh,
             tuple((r.name, r.backend, r.options_id if r.options else 0) for r in requests),
             args.timeout,
         )
         hit = all(r.key in stream.known or s for r, s in zip(requests, served))
-        agrees = not hit or args.check or state.debug
-        turn = stream.stream.turn(code, summary, agrees)
+        # Debug mode makes fmesh's own hits agree, not torch's: torch's hits talk to
+        # no peer either.
+        agrees = not hit or args.check or (state.debug and not args.lenient)
+        turn = stream.stream.turn(
+            code, summary, agrees, lenient=args.lenient, names=call_code(mesh.axis_names)
+        )
         generation = state.generation
     return Call(
         args, world, ranks, coord, requests, code, summary, stream, turn, agrees, generation

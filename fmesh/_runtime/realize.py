@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from .._protocol import liveness
-from .call import checked, expand
+from .call import Arguments, checked, expand
 from .creation import create_groups
 from .hooks import run_realized_hooks
 from .realized_mesh import RealizedMesh
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .._compat import BackendOptions
     from .._core.mesh import Mesh
 
-__all__ = ["realize"]
+__all__ = ["realize", "realize_for_torch"]
 
 logger = logging.getLogger("fmesh")
 
@@ -81,8 +81,12 @@ def realize(
         off the mesh), and a torch ``DeviceMesh`` on demand.
 
     Raises:
-        MeshMismatchError: ranks disagree about this call, or about the calls made
-            since the last agreement; a rank never arrived within the timeout.
+        MeshMismatchError: ranks disagree about this call (its axis names included),
+            or about the calls made since the last agreement (memo hits included); a
+            rank never arrived within the timeout. ``realize`` is strict: torch's API
+            through fmesh (the drop-in, ``-m fmesh.route``) is not, as torch is not:
+            there ranks agree on the groups only, and axis names that differ are a
+            warning.
         PeerLostError: a rank died after every rank agreed on the call, before its
             groups were all made; every surviving rank raises it within seconds
             (5 to 10 s at default settings, 30 s at most), keeping no group of the
@@ -94,7 +98,27 @@ def realize(
         MeshError: the mesh needs ranks the world does not have; an unknown backend;
             a non-positive timeout.
     """
-    args = checked(mesh, backend, options, timeout, check)
+    return _carry_out(checked(mesh, backend, options, timeout, check))
+
+
+def realize_for_torch(
+    mesh: Mesh,
+    *,
+    backend: str | Mapping[str, str | None] | None = None,
+    options: BackendOptions | Mapping[str, BackendOptions | None] | None = None,
+    timeout: datetime.timedelta | None = None,
+) -> RealizedMesh:
+    """``realize`` for torch's API (the drop-in ``init_device_mesh``, torch's DeviceMesh
+    methods on fmesh's meshes, ``-m fmesh.route``): as lenient as torch, whose group
+    creation depends only on the groups asked for. The ranks agree on what determines
+    the groups (layouts, rank map, backends, options), not on the axis names (the
+    protocol compares them apart: a warning where they differ) nor on the memo hits
+    made before, which create nothing and join no history (``Turn.lenient``)."""
+    return _carry_out(checked(mesh, backend, options, timeout, False, lenient=True))
+
+
+def _carry_out(args: Arguments) -> RealizedMesh:
+    mesh = args.mesh
     with turn(args) as slot:
         if slot.repeat is not None:
             return slot.repeat

@@ -19,7 +19,7 @@ from .._core.mesh import make_mesh
 from .._runtime.checks import check_backend, check_device_type, check_timeout
 from .._runtime.groups import describing_groups
 from .._runtime.launch import ensure_default_group
-from .._runtime.realize import realize
+from .._runtime.realize import realize_for_torch
 from .interop import new_root
 from .routing import axis_names, group_descs, realizing_torch_roots
 
@@ -156,7 +156,7 @@ def init_device_mesh(
         if o is not None:
             options[name] = o
     with realizing_torch_roots(), describing_groups(descs.__getitem__):
-        realized = realize(
+        realized = realize_for_torch(
             _mesh(shape, names),
             backend=backend or None,
             options=options or None,

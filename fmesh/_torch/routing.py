@@ -166,7 +166,7 @@ class TorchSpace:
         names: Sequence[str] | None,
         configs: Sequence[tuple[Any, Any]],
     ) -> list[GroupSpec] | None:
-        from .._runtime.realize import realize
+        from .._runtime.realize import realize_for_torch
 
         mesh = self.mesh(axes, names)
         if mesh is None or len(configs) != mesh.ndim or (names and len(names) != mesh.ndim):
@@ -176,7 +176,7 @@ class TorchSpace:
         options = {n: o for n, (_, o) in zip(named, configs) if o is not None}
         descs = dict(zip(named, group_descs(names, len(named))))
         with realizing_torch_roots(), describing_groups(descs.__getitem__):
-            realized = realize(
+            realized = realize_for_torch(
                 mesh, backend=backend or None, options=options or None, timeout=self.timeout
             )
         if realized.coordinate is None:
