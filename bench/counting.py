@@ -81,6 +81,7 @@ class CountingStore(Store):
         self.counts: Counter[str] = parent.counts if parent is not None else Counter()
         self.reads: Counter[str] = parent.reads if parent is not None else Counter()
         self.keys: Counter[str] = parent.keys if parent is not None else Counter()
+        self.peeks: Counter[str] = parent.peeks if parent is not None else Counter()
         self._lock: threading.Lock = parent._lock if parent is not None else threading.Lock()
 
     def _n(self, keys: str | list[str], n: int = 1) -> None:
@@ -98,9 +99,18 @@ class CountingStore(Store):
             return dict(self.keys)
 
     def key_reads(self, suffix: str) -> int:
-        """``get`` requests of keys ending with ``suffix``."""
+        """``get`` requests, and reads that do not wait (fmesh's ``peek``: a
+        ``compare_set`` that changes nothing), of keys ending with ``suffix``."""
         with self._lock:
-            return sum(n for key, n in self.reads.items() if key.endswith(suffix))
+            got = sum(n for key, n in self.reads.items() if key.endswith(suffix))
+            return got + sum(n for key, n in self.peeks.items() if key.endswith(suffix))
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        if expected == desired == "\x00":  # fmesh's peek
+            with self._lock:
+                self.peeks[key] += 1
+        self._n(key)
+        return bytes(self.inner.compare_set(key, expected, desired))
 
     def get(self, key: str) -> bytes:
         with self._lock:
@@ -139,7 +149,7 @@ def _forward(name: str, requests: int) -> Callable[..., Any]:
 
 
 # Every other operation: counted by its first key (num_keys: none), then forwarded.
-_OPS = {"set": 1, "add": 1, "compare_set": 1, "check": 1, "wait": 1, "delete_key": 1}
+_OPS = {"set": 1, "add": 1, "check": 1, "wait": 1, "delete_key": 1}
 _OPS |= {"num_keys": 1, "multi_get": 2, "multi_set": 1}
 for _name, _requests in _OPS.items():
     setattr(CountingStore, _name, _forward(_name, _requests))

@@ -17,6 +17,7 @@ runs in fresh processes:
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Job", "Outcome", "run_command", "run_spawn"]
+__all__ = ["Job", "Outcome", "kill_tree", "run_command", "run_spawn"]
 
 _PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "numpy", "fmesh"]
 _ctx: multiprocessing.context.ForkServerContext | None = None
@@ -243,6 +244,35 @@ def run_spawn(
     return Job(outcomes=tuple(outcomes), elapsed=elapsed)
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first found, then theirs), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        found = children.get(todo.pop(), [])
+        out += found
+        todo += found
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it, in sessions of their own too
+    (torchrun starts its ranks in sessions of their own: killing its process group
+    leaves them running)."""
+    for p in [pid, *_descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
 def run_command(
     cmd: Sequence[str], cwd: Path, timeout: float, env: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -265,7 +295,7 @@ def run_command(
         try:
             out, err = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
+            kill_tree(child.pid)
             out, err = child.communicate()
             pytest.fail(f"{' '.join(cmd)} ran past {timeout}s:\n{out}{err}")
     proc = subprocess.CompletedProcess(list(cmd), child.returncode, out, err)

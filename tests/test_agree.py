@@ -1,4 +1,5 @@
-"""The agreement protocol of ``fmesh/_protocol/agreement.py`` on a real TCPStore.
+"""The cross-rank protocol of ``fmesh/_protocol/agreement.py`` and ``watch.py`` on a
+real TCPStore, with no group to create (``_protocol.call``).
 
 Two kinds of jobs:
 
@@ -10,34 +11,34 @@ Two kinds of jobs:
   store wrapper that parks a chosen request until a chosen moment.
 
 Requests are counted by ``bench.counting.CountingStore`` as they go on the wire (a
-``get`` is two), and leftover keys with the store's own ``list_keys``.
+``get`` is two), and leftover keys with the store's own ``list_keys``. The liveness
+port and links are off here (``FMESH_PEER_WATCH=0``): ``tests/test_liveness.py``.
 """
 
 from __future__ import annotations
 
-import collections
 import datetime
+import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import pytest
 from _dist import Job, run_spawn
+from _protocol import call, keys, no_liveness
 
 from bench.counting import CountingStore
 from fmesh import MeshMismatchError
-from fmesh._protocol import agreement as _agree
+from fmesh._protocol import agreement
+from fmesh._protocol.records import Ticket
+from fmesh._protocol.watch import Watch
 
-if TYPE_CHECKING:
-    from fmesh._compat import Store
-
-LONG = datetime.timedelta(seconds=60)
-"""A timeout no healthy scenario gets near: failures must surface long before it."""
-SURFACE = 10.0
+SURFACE = 12.0
 """Bound on the seconds a mismatch may take to reach every rank."""
 
 
@@ -46,35 +47,6 @@ def _tcp(port: int = 0, *, master: bool = False) -> Any:
 
     tcp: Any = dist.TCPStore  # type: ignore[attr-defined]  # implicit re-export
     return tcp("127.0.0.1", port, 1, is_master=master, wait_for_workers=False)
-
-
-def _record(rank: int, code: int, summary: str, history: str = "") -> Callable[[], Any]:
-    return lambda: _agree.Record(rank, code, summary, history)
-
-
-def _agree_call(
-    store: Any,
-    rank: int,
-    world: int,
-    code: int,
-    call: int,
-    *,
-    summary: str | None = None,
-    history: str = "",
-    timeout: datetime.timedelta = LONG,
-    stream: str = "s",
-) -> _agree.Ticket:
-    text = summary if summary is not None else f"mesh#{code}"
-    return _agree.agree(
-        cast("Store", store),
-        rank=rank,
-        ranks=range(world),
-        code=code,
-        record=_record(rank, code, text, history),
-        timeout=timeout,
-        prefix=f"{_agree.KEY_ROOT}t/{stream}/{call}/",
-        where=f"call #{call} of {stream!r}",
-    )
 
 
 def _attempt(fn: Callable[[], object]) -> dict[str, Any]:
@@ -88,32 +60,39 @@ def _attempt(fn: Callable[[], object]) -> dict[str, Any]:
 
 def _barrier(store: Any, name: str, world: int, me: int) -> None:
     store.set(f"test/{name}/{me}", "1")
-    store.wait([f"test/{name}/{r}" for r in range(world)], LONG)
+    store.wait([f"test/{name}/{r}" for r in range(world)], datetime.timedelta(seconds=60))
 
 
 def _client() -> Any:
+    no_liveness()
     return _tcp(int(os.environ["MASTER_PORT"]))
+
+
+class OwnClient(CountingStore):
+    """The client of one rank: never cloned (the protocol then uses it as it is)."""
+
+    def clone(self) -> CountingStore:
+        return self
 
 
 # -- process jobs ---------------------------------------------------------------------------
 
 
 def ok_job(rank: int, world: int, calls: int) -> dict[str, Any]:
-    """``calls`` agreed calls in a row; the requests each one cost this rank."""
+    """``calls`` calls in a row; the requests each one cost this rank."""
     raw = _client()
-    store = CountingStore(raw)
+    store = OwnClient(raw)
     per_call = []
-    for call in range(1, calls + 1):
+    for number in range(1, calls + 1):
         before = store.snapshot().get("agree", 0)
-        _agree_call(store, rank, world, code=42, call=call)
+        call(store, rank, world, code=42, number=number)
         per_call.append(store.snapshot().get("agree", 0) - before)
     _barrier(raw, "done", world, rank)
-    left = _agree.count_keys(raw) if rank == 0 else 0
-    return {"per_call": per_call, "left": left}
+    return {"per_call": per_call, "left": keys(raw) if rank == 0 else []}
 
 
 def mismatch_job(rank: int, world: int, odd: int, history_only: bool) -> dict[str, Any]:
-    """Rank ``odd`` publishes another code: another mesh, or the same mesh after other
+    """Rank ``odd`` makes another call: another mesh, or the same mesh after other
     memo hits."""
     raw = _client()
     if history_only:
@@ -123,27 +102,26 @@ def mismatch_job(rank: int, world: int, odd: int, history_only: bool) -> dict[st
     code = 7 if rank == odd else 5
     if rank == odd:
         time.sleep(0.3 if odd else 0.0)  # rank 0 is odd and first, or others are first
-    out = _attempt(
-        lambda: _agree_call(raw, rank, world, code, 1, summary=summary, history=history)
-    )
+    out = _attempt(lambda: call(raw, rank, world, code, summary=summary, history=history))
     _barrier(raw, "done", world, rank)
-    out["left"] = _agree.count_keys(raw) if rank == 0 else 0
+    out["left"] = keys(raw) if rank == 0 else []
     return out
 
 
 def missing_job(rank: int, world: int, late: int, timeout_s: float) -> dict[str, Any]:
-    """Rank ``late`` comes only after the others gave up; the who list is read once."""
+    """Rank ``late`` comes only after the others gave up; the list of ranks present is
+    read once."""
     raw = _client()
-    store = CountingStore(raw)
+    store = OwnClient(raw)
     timeout = datetime.timedelta(seconds=timeout_s)
     if rank == late:
-        raw.wait(["test/gave-up"], LONG)
-    out = _attempt(lambda: _agree_call(store, rank, world, 3, 1, timeout=timeout))
+        raw.wait(["test/gave-up"], datetime.timedelta(seconds=60))
+    out = _attempt(lambda: call(store, rank, world, 3, timeout=timeout))
     if rank != late and raw.add("test/gave-up-count", 1) == world - 1:
         raw.set("test/gave-up", "1")
-    out["who_reads"] = store.key_reads("/who")
+    out["arr_reads"] = store.key_reads("/arr")
     _barrier(raw, "done", world, rank)
-    out["left"] = _agree.count_keys(raw) if rank == 0 else 0
+    out["left"] = keys(raw) if rank == 0 else []
     return out
 
 
@@ -151,24 +129,20 @@ def _values(job: Job) -> list[dict[str, Any]]:
     return cast("list[dict[str, Any]]", job.values())
 
 
-def _store_port() -> tuple[Any, int]:
-    master = _tcp(master=True)
-    return master, int(master.port)
-
-
 # -- process tests --------------------------------------------------------------------------
 
 
-def test_an_agreed_call_costs_torchs_barrier_and_leaves_no_keys(tmp_path: Path) -> None:
+def test_a_call_costs_three_requests_a_rank_and_two_for_the_last_one(tmp_path: Path) -> None:
     world, calls = 8, 5
     outs = _values(run_spawn(ok_job, world, calls, tmp_path=tmp_path, timeout=60))
-    for call in range(calls):
-        per_rank = [out["per_call"][call] for out in outs]
-        # add + wait + add on most ranks; the last arrival skips the wait and deletes
-        # the sum; the last reader deletes the done key.
-        assert max(per_rank) <= 4, per_rank
-        assert sum(per_rank) == 3 * world + 1, per_rank
-    assert outs[0]["left"] == 0, outs[0]
+    for number in range(calls):
+        per_rank = [out["per_call"][number] for out in outs]
+        # The record (compare_set), the count (add), the wait; the last rank out sets
+        # "ok" in place of the wait, and removes the previous call's two keys.
+        removed = 2 if number else 0
+        assert sorted(per_rank) == [3] * (world - 1) + [3 + removed], per_rank
+    # Left: the stream's record, and the last call's count and "ok" (the next call's).
+    assert outs[0]["left"] == sorted(["c", f"{calls}/n", f"{calls}/ok"]), outs[0]
 
 
 @pytest.mark.parametrize("odd", [0, 3], ids=["odd-rank-first", "odd-rank-later"])
@@ -179,8 +153,8 @@ def test_one_rank_different_every_rank_raises_naming_both(tmp_path: Path, odd: i
         assert "Mesh(odd=4)" in out["message"] and "Mesh(a=4)" in out["message"], out
         assert re.search(
             rf"ranks ({odd} and \d|\d and {odd}) disagree at call #1", out["message"]
-        )
-    assert outs[0]["left"] == 0, outs[0]
+        ), out
+    assert outs[0]["left"] == ["c"], outs[0]  # every rank out: the call's keys are gone
 
 
 def test_same_mesh_after_other_hits_is_a_mismatch(tmp_path: Path) -> None:
@@ -189,10 +163,10 @@ def test_same_mesh_after_other_hits_is_a_mismatch(tmp_path: Path) -> None:
         assert out["error"] and out["elapsed"] < SURFACE, out
         assert "both realize Mesh(a=4), but not after the same calls" in out["message"], out
         assert "rank 2 made 2 memoized calls" in out["message"], out
-    assert outs[0]["left"] == 0, outs[0]
+    assert outs[0]["left"] == ["c"], outs[0]
 
 
-def test_missing_rank_named_who_read_once_late_rank_raises(tmp_path: Path) -> None:
+def test_missing_rank_named_list_read_once_late_rank_raises(tmp_path: Path) -> None:
     world, late, timeout_s = 4, 1, 2.0
     outs = _values(
         run_spawn(missing_job, world, late, timeout_s, tmp_path=tmp_path, timeout=60)
@@ -203,19 +177,28 @@ def test_missing_rank_named_who_read_once_late_rank_raises(tmp_path: Path) -> No
             assert out["elapsed"] < SURFACE, out
             assert (
                 f"rank {late} arrived after the other ranks gave up on call #1"
-                in out["message"]
+                in (out["message"])
             )
         else:
             # A waiting rank raises when the first rank's timeout fires: its own clock
             # started up to a process start-up later on a loaded machine.
             assert timeout_s - 1.0 < out["elapsed"] < timeout_s + SURFACE, out
         assert f"ranks [{late}] never reached call #1 of 's' within 2s" in out["message"], out
-    # One rank (the coordinator) read the list of arrivals, once.
-    assert sum(out["who_reads"] for out in outs) == 1, outs
-    assert outs[0]["left"] == 0, outs[0]
+    # One rank (the census's coordinator) read the list of ranks present, once.
+    assert sum(out["arr_reads"] for out in outs) == 1, outs
+    # Every rank is out, the late one included (it read the verdict): nothing is left.
+    assert outs[0]["left"] == ["c"], outs[0]
 
 
 # -- thread tests ---------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _protocol_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("FMESH_PEER_WATCH", "0")
+    agreement.forget_streams()
+    yield
+    agreement.forget_streams()
 
 
 class Gate:
@@ -226,14 +209,6 @@ class Gate:
         self.seen = 0
         self.reached = threading.Event()
         self.release = threading.Event()
-
-
-class OwnClient(CountingStore):
-    """The client of one thread-played rank: made in advance, never cloned (a clone
-    connects anew, which can stall when many connect at once)."""
-
-    def clone(self) -> CountingStore:
-        return self
 
 
 class ParkingStore(OwnClient):
@@ -255,10 +230,6 @@ class ParkingStore(OwnClient):
         self._gate("add", key)
         return super().add(key, value)
 
-    def delete_key(self, key: str) -> bool:
-        self._gate("delete_key", key)
-        return super().delete_key(key)
-
 
 def _run_threads(targets: dict[int, Callable[[], object]]) -> dict[int, dict[str, Any]]:
     results: dict[int, dict[str, Any]] = {}
@@ -278,69 +249,81 @@ def _run_threads(targets: dict[int, Callable[[], object]]) -> dict[int, dict[str
     return results
 
 
-@pytest.mark.parametrize("moment", ["before-cleanup", "after-cleanup"])
-def test_timeout_racing_the_last_arrival_finds_the_call_done(moment: str) -> None:
-    """Rank 0 times out and takes over as coordinator; just then rank 1 arrives (so
-    the call is complete) and deletes the sum before or after rank 0 poisons it.
-    Both ranks must succeed, and no key may be left."""
+def _store_port() -> tuple[Any, int]:
+    master = _tcp(master=True)
+    return master, int(master.port)
+
+
+def test_a_timeout_racing_the_last_arrival_finds_the_call_done() -> None:
+    """Rank 0 waits past its timeout and coordinates a census; rank 1 arrives while
+    it runs and completes the call, then the census would poison it. Both ranks must
+    succeed, and only what the next call removes is left."""
     master, port = _store_port()
-    poison = Gate("add", "/n", nth=2)  # rank 0's second add of the sum
-    arrive = Gate("add", "/n")
-    cleanup = Gate("delete_key", "/n")
+    poison = Gate("add", "/n", nth=2)  # rank 0's second add of the count: the poison
     rank0 = ParkingStore(_tcp(port), poison)
-    rank1 = ParkingStore(_tcp(port), arrive, cleanup)
-    finished = threading.Event()
+    rank1 = OwnClient(_tcp(port))
+    done = threading.Event()
 
     def last() -> None:
-        _agree_call(rank1, 1, 2, 9, 1)
-        finished.set()
+        master.wait(["fmesh/a/t/s/1/end"], datetime.timedelta(seconds=30))  # census on
+        call(rank1, 1, 2, 9)
+        done.set()
 
-    def choreography() -> None:
-        assert poison.reached.wait(30)  # rank 0 timed out and won the coordination
-        arrive.release.set()  # rank 1's arrival completes the call
-        if moment == "before-cleanup":
-            assert cleanup.reached.wait(30)
-            poison.release.set()  # the poison lands on a complete sum
-            time.sleep(0.5)
-            cleanup.release.set()
-        else:
-            cleanup.release.set()
-            assert finished.wait(30)  # the sum is gone: the poison re-creates it
-            poison.release.set()
+    def conductor() -> None:
+        assert done.wait(30)
+        poison.release.set()  # the poison lands on a complete count
 
-    conductor = threading.Thread(target=choreography)
-    conductor.start()
-    short = datetime.timedelta(seconds=0.5)
-    outs = _run_threads({0: lambda: _agree_call(rank0, 0, 2, 9, 1, timeout=short), 1: last})
-    conductor.join(30)
+    threading.Thread(target=conductor, daemon=True).start()
+    short = datetime.timedelta(seconds=1)
+    outs = _run_threads({0: lambda: call(rank0, 0, 2, 9, timeout=short), 1: last})
     assert not outs[0]["error"] and not outs[1]["error"], outs
-    assert _agree.count_keys(master) == 0, master.list_keys()
+    assert keys(master) == ["1/n", "1/ok", "c"], master.list_keys()
 
 
 def test_census_of_many_ranks_reads_the_list_once() -> None:
     """32 ranks, 3 never come: each waiting rank raises naming exactly those three,
-    and the list of arrivals is read by one rank, once."""
+    and the list of ranks present is read by one rank, once."""
     _master, port = _store_port()
     world, missing = 32, (5, 17, 30)
     stores = {r: OwnClient(_tcp(port)) for r in range(world) if r not in missing}
-    # Long enough for 29 threads to arrive on a loaded machine (a live rank that has
-    # not arrived by the timeout is named with the missing ones).
     timeout = datetime.timedelta(seconds=4)
 
     def play(r: int) -> Callable[[], object]:
-        return lambda: _agree_call(stores[r], r, world, 1, 1, timeout=timeout)
+        return lambda: call(stores[r], r, world, 1, timeout=timeout)
 
     outs = _run_threads({r: play(r) for r in stores})
     for r, out in outs.items():
         assert out["error"], (r, out)
         assert "ranks [5, 17, 30] never reached call #1" in out["message"], out
-    assert sum(s.key_reads("/who") for s in stores.values()) == 1
+    assert sum(s.key_reads("/arr") for s in stores.values()) == 1
+
+
+def test_ranks_only_slow_at_the_timeout_are_waited_for() -> None:
+    """Every rank is there at the timeout, one of them still creating its groups (a
+    wait of 4 s, in the call's store): the census is called off, and the call ends
+    well."""
+    master, port = _store_port()
+    conns = {r: OwnClient(_tcp(port)) for r in range(2)}
+    timeout = datetime.timedelta(seconds=1)
+    threading.Timer(4.0, master.set, ("test/created", "1")).start()
+
+    def creating(watch: Watch, ticket: Ticket) -> None:
+        watch.store_for(ticket.conn).wait(["test/created"], timeout)
+
+    outs = _run_threads(
+        {
+            0: lambda: call(conns[0], 0, 2, 4, timeout=timeout),
+            1: lambda: call(conns[1], 1, 2, 4, timeout=timeout, during=creating),
+        }
+    )
+    assert not outs[0]["error"] and not outs[1]["error"], outs
+    assert keys(master) == ["1/n", "1/ok", "c"], master.list_keys()
 
 
 def test_world_of_one_touches_nothing() -> None:
     _master, port = _store_port()
     store = OwnClient(_tcp(port))
-    _agree_call(store, 0, 1, 5, 1)
+    call(store, 0, 1, 5)
     assert store.snapshot() == {}
 
 
@@ -353,17 +336,57 @@ def test_streams_meet_independently_of_interleaving() -> None:
         order = ("x", "y") if rank == 0 else ("y", "x")
 
         def enter(i: int, stream: str) -> Callable[[], object]:
-            return lambda: _agree_call(conns[2 * rank + i], rank, 2, 11, 1, stream=stream)
+            return lambda: call(conns[2 * rank + i], rank, 2, 11, stream=stream)
 
         inner = _run_threads({i: enter(i, s) for i, s in enumerate(order)})
         assert all(not o["error"] for o in inner.values()), inner
 
     outs = _run_threads({0: lambda: two_streams(0), 1: lambda: two_streams(1)})
     assert all(not o["error"] for o in outs.values()), outs
-    assert _agree.count_keys(master) == 0
+    assert agreement.count_keys(master) == 2 * 3  # per stream: its record, n, ok
 
 
-def test_weights_are_odd_and_bounded() -> None:
-    counts = collections.Counter(_agree.weight(code, 1 << 20) % 2 for code in range(1000))
-    assert counts == {1: 1000}
-    assert all((1 << 20) * _agree.weight(c, 1 << 20) < 1 << 58 for c in (0, 1 << 70, 12345))
+def test_a_rank_whose_record_of_the_stream_is_stale_swaps_again() -> None:
+    """Rank 1 forgot what the stream's record holds (it never read call #1's): it
+    swaps again once, and the ranks agree on call #2."""
+    _master, port = _store_port()
+    conns = {r: OwnClient(_tcp(port)) for r in range(2)}
+    stream = uuid.uuid4().hex
+
+    def first(r: int) -> Callable[[], object]:
+        return lambda: call(conns[r], r, 2, 3, stream=stream)
+
+    outs = _run_threads({r: first(r) for r in conns})
+    assert not any(o["error"] for o in outs.values()), outs
+    agreement.forget_streams()  # both forget; rank 1 comes first to call #2
+    before = conns[1].snapshot().get("agree", 0)
+
+    def later() -> None:
+        time.sleep(0.5)
+        call(conns[0], 0, 2, 5, 2, stream=stream)
+
+    outs = _run_threads({1: lambda: call(conns[1], 1, 2, 5, 2, stream=stream), 0: later})
+    assert not any(o["error"] for o in outs.values()), outs
+    assert conns[1].snapshot().get("agree", 0) - before <= 3 + 1 + 2, conns[1].snapshot()
+
+
+def test_dim_names_compared_apart_are_a_warning_naming_both(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="fmesh")
+    _master, port = _store_port()
+    conns = {r: OwnClient(_tcp(port)) for r in range(2)}
+    names = {0: "dp,tp", 1: "tp,dp"}
+
+    def second() -> None:
+        time.sleep(0.3)
+        call(conns[1], 1, 2, 8, names=names[1])
+
+    outs = _run_threads({0: lambda: call(conns[0], 0, 2, 8, names=names[0]), 1: second})
+    assert not any(o["error"] for o in outs.values()), outs
+    said = [r.getMessage() for r in caplog.records if r.name == "fmesh"]
+    assert any(
+        "ranks 0 and 1 name the dims of the same groups differently" in m
+        and "rank 0 calls them (dp,tp), rank 1 (tp,dp)" in m
+        for m in said
+    ), said

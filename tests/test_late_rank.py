@@ -1,9 +1,10 @@
 """A late rank is waited for as long as torch would, with a warning each interval.
 
-* Thread-played ranks on one TCPStore (each its own client) run the agreement of
-  ``fmesh/_protocol/agreement.py`` with a short ``arrivals.WARN_INTERVAL``: a late rank
-  within the timeout, the warnings that name it, the list of arrivals read by one rank,
-  a constant number of requests per waiting rank and interval, no key left.
+* Thread-played ranks on one TCPStore (each its own client) run the protocol of
+  ``fmesh/_protocol/`` (``_protocol.call``) with a short ``arrivals.WARN_INTERVAL``: a
+  late rank within the timeout, the warnings that name it, the list of ranks present
+  read by one rank, a constant number of requests per waiting rank and interval, no
+  key left but what the stream's next call removes.
 * Real gloo processes run the drop-in and torch's own ``_flatten`` on its mesh with a
   late rank: every rank finishes, the warnings name the late rank and the call; past a
   short ``timeout=`` every rank gets the documented error; without one the agreement
@@ -24,11 +25,12 @@ from typing import Any
 
 import pytest
 from _dist import run_spawn
+from _protocol import call as play_call
+from _protocol import keys
 
 import fmesh
 from bench.counting import CountingStore
-from fmesh._protocol import agreement as _agree
-from fmesh._protocol import arrivals
+from fmesh._protocol import agreement, arrivals, watch
 
 LONG = datetime.timedelta(seconds=60)
 
@@ -68,16 +70,7 @@ class Client(CountingStore):
 
 
 def _call(store: Any, rank: int, world: int, timeout: datetime.timedelta = LONG) -> None:
-    _agree.agree(
-        store,
-        rank=rank,
-        ranks=range(world),
-        code=5,
-        record=lambda: _agree.Record(rank, 5, "Mesh(a=4)", ""),
-        timeout=timeout,
-        prefix=f"{_agree.KEY_ROOT}t/s/1/",
-        where="call #1 of 's'",
-    )
+    play_call(store, rank, world, 5, summary="Mesh(a=4)", timeout=timeout)
 
 
 def _play(
@@ -111,16 +104,35 @@ def interval(monkeypatch: pytest.MonkeyPatch) -> Iterator[float]:
     yield 2.0
 
 
+@pytest.fixture
+def slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verdict read every 0.25 s (a wait's slices), so the slow path's steps at a
+    2 s warning interval (list at 0.5 s, report at 1.33 s, warn at 2 s) keep their
+    order, as they do at the default minute and second."""
+    monkeypatch.setattr(watch, "INTERVAL", 0.25)
+
+
+@pytest.fixture(autouse=True)
+def _protocol_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Thread-played ranks: the protocol alone, no liveness port (one per process)."""
+    monkeypatch.setenv("FMESH_PEER_WATCH", "0")
+    agreement.forget_streams()
+    yield
+    agreement.forget_streams()
+
+
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "fmesh" and r.levelno == 30]
 
 
+@pytest.mark.usefixtures("slices")
 def test_a_late_rank_is_waited_for_and_named_each_interval(
     interval: float, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """5 ranks; rank 3 comes after about 1.5 intervals (the list is open: it lists
-    itself at once), rank 4 after about 4.5. Every rank finishes; the warnings name the
-    ranks not there, rank 4 to the end; one rank reads the list; no key is left."""
+    """5 ranks; rank 3 comes after about 1.5 intervals (it lists itself once it has
+    waited a quarter of one), rank 4 after about 4.5. Every rank finishes; the warnings
+    name the ranks not there, rank 4 to the end; one rank reads the list and removes
+    it once the call ends well."""
     caplog.set_level(logging.WARNING, logger="fmesh")
     world, delays = 5, {3: 1.5 * interval, 4: 4.5 * interval}
     results, clients, master = _play(world, delays)
@@ -136,16 +148,17 @@ def test_a_late_rank_is_waited_for_and_named_each_interval(
         assert 4 in named[-1], text
     # Once rank 3 is there, the warnings name rank 4 alone.
     assert sum(n == {4} for n in named) >= 3, said
-    # Rank 3 came after the list was opened: it listed itself with one append.
-    assert clients[3].count("append", "/arr") == 1
-    assert clients[3].count("compare_set", "/arr") == 0
+    # Rank 3 came after the list was opened: it listed itself with one append (after
+    # the compare_set that found the list open).
+    assert clients[3].count("append", "/arr") == 1, clients[3].ops
+    assert clients[3].count("compare_set", "/arr") == 1
     # Rank 4 came last: it completed the call and listed nothing.
     assert clients[4].count("*", "/arr") == 0
     # The list of arrivals is read by one rank alone (the one that opened it).
     readers = [r for r, c in clients.items() if c.count("peek", "/arr")]
     assert len(readers) == 1, {r: c.ops for r, c in clients.items()}
     assert clients[readers[0]].count("compare_set", "/arr") == 1
-    assert _agree.count_keys(master) == 0, master.list_keys()
+    assert keys(master) == ["1/n", "1/ok", "c"], master.list_keys()
 
 
 @pytest.mark.parametrize("world", [4, 16])
@@ -155,33 +168,37 @@ def test_a_waiting_rank_costs_a_constant_per_interval(interval: float, world: in
     results, clients, _master = _play(world, {1: 4 * interval})
     assert all(v is None for v in results.values()), results
     per_rank = [len(c.ops) for r, c in clients.items() if r != 1]
-    # The agreement (add, wait, add, wait, read), the listing (2, the opener 3), then
-    # per interval a wait and a warning's read; the opener also reads the list and
-    # publishes it, with a wait in between: about 16 requests, the opener 29.
+    # The call (record, count, wait), the listing (1, the opener 1), then per interval
+    # a slice of the wait and a read of the verdict, and a warning's read per warning
+    # interval; the opener also reads the list and publishes it once an interval:
+    # about 20 requests, the opener 30.
     assert max(per_rank) <= 40, per_rank
-    assert sorted(per_rank)[len(per_rank) // 2] <= 24, per_rank
+    assert sorted(per_rank)[len(per_rank) // 2] <= 26, per_rank
 
 
 def test_a_late_rank_past_the_timeout_is_named_and_keys_are_removed(interval: float) -> None:
-    """The list was open when the call timed out: every waiting rank raises naming
-    the rank that never came, and the failed call's last rank removes the list too."""
+    """Every waiting rank raises at the timeout naming the rank that never came; it
+    raises too when it comes, and, every rank being out, the call's keys are gone."""
     timeout = datetime.timedelta(seconds=2 * interval)
-    results, _clients, master = _play(4, {2: 4 * interval}, timeout)
+    # Past the census: its grace (2 intervals of reads and 2 s) after the timeout.
+    results, _clients, master = _play(4, {2: 6 * interval}, timeout)
     for r, err in results.items():
         assert isinstance(err, fmesh.MeshMismatchError), (r, err)
         if r == 2:
             assert "rank 2 arrived after the other ranks gave up on call #1" in str(err)
         assert "ranks [2] never reached call #1 of 's' within 4s" in str(err), (r, err)
-    assert _agree.count_keys(master) == 0, master.list_keys()
+    assert keys(master) == ["c"], master.list_keys()
 
 
 def test_a_short_wait_costs_what_it_did() -> None:
     """At the default interval, a call whose ranks come within seconds makes no
-    request of the list of arrivals."""
+    request of the list of ranks present: 3 requests a rank."""
     results, clients, _master = _play(4, {2: 1.0})
     assert all(v is None for v in results.values()), results
     assert all(c.count("*", "/arr") == c.count("*", "/late") == 0 for c in clients.values())
-    assert max(len(c.ops) for c in clients.values()) <= 4
+    assert max(len(c.ops) for c in clients.values()) <= 4, {
+        r: c.ops for r, c in clients.items()
+    }
 
 
 # -- real processes -------------------------------------------------------------------------
@@ -200,17 +217,17 @@ class _Records(logging.Handler):
 
 
 def _spy_timeouts() -> list[float]:
-    """The timeout of every agreement this process makes, in seconds."""
+    """The patience of every creating call this process makes, in seconds."""
     seen: list[float] = []
-    from fmesh._runtime import creation
+    from fmesh._protocol import liveness
 
-    real = vars(creation)["agree"]
+    real = liveness.watching
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs["timeout"].total_seconds())
-        return real(*args, **kwargs)
+    def spy(ticket: Any, patience: datetime.timedelta, timeout: Any) -> Any:
+        seen.append(patience.total_seconds())
+        return real(ticket, patience, timeout)
 
-    vars(creation)["agree"] = spy  # this worker process only (the call site's name)
+    liveness.watching = spy  # this worker process only
     return seen
 
 
@@ -225,6 +242,7 @@ def late_job(rank: int, world: int, late_s: float) -> dict[str, Any]:
     from fmesh.device_mesh import init_device_mesh
 
     arrivals.WARN_INTERVAL = 2.0
+    watch.INTERVAL = 0.25  # the verdict read (and the slow path's steps) every 0.25 s
     records = _Records()
     logging.getLogger("fmesh").addHandler(records)
     timeouts = _spy_timeouts()

@@ -5,11 +5,12 @@ within bounds, keeps nothing of the call, and carries on after ``fmesh.recover``
 Real gloo processes launched torchrun-style by ``_dist.run_spawn`` (whose store lives
 in the parent, as torchrun's agent hosts it). The death is injected in the worker: a
 wrapper around ``fmesh._runtime.groups._new_group`` calls ``os._exit`` at the start of
-this rank's Nth group creation, after every rank agreed on the call.
+this rank's Nth group creation, after every rank put its record of the call in.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
 import gc
 import os
@@ -23,7 +24,6 @@ import pytest
 from _dist import Job, run_spawn
 
 import fmesh
-from fmesh._protocol import agreement as _agree
 from fmesh._protocol import liveness, watch
 
 if TYPE_CHECKING:
@@ -56,6 +56,21 @@ def _barrier(store: Store, name: str, ranks: list[int], me: int) -> None:
 
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+VERDICT = {"end", "lost", "by", "gone", "read"}
+"""What a failed call leaves while the rank it names has not read it (a dead one never
+does: ``fmesh.recover`` among the survivors carries on without it)."""
+
+
+def _keys_left(store: Store) -> dict[str, list[str]]:
+    """The protocol's keys by call (its prefix), the streams' records apart."""
+    out: dict[str, list[str]] = {}
+    for key in store.list_keys():
+        if "fmesh/a/" in key and not key.endswith("/c"):
+            call, _, last = key.rpartition("/")
+            out.setdefault(call.rpartition("fmesh/a/")[2], []).append(last)
+    return {call: sorted(keys) for call, keys in out.items()}
 
 
 def _inject(rank: int, deaths: dict[int, int], naps: dict[int, tuple[int, float]]) -> None:
@@ -125,7 +140,7 @@ def loss_job(
     everyone = list(range(world))
     _barrier(launcher, "warm", everyone, rank)
     gc.collect()
-    threads, fds = {t.name for t in threading.enumerate()}, _fds()
+    threads, fds = collections.Counter(t.name for t in threading.enumerate()), _fds()
     with state.lock:
         memo = set(state.group_memo)
     _inject(rank, deaths, naps)
@@ -149,10 +164,11 @@ def loss_job(
     # Nothing of the failed call is left in this process.
     with state.lock:
         out["memo_extra"] = len(set(state.group_memo) - memo)
-    out["threads_extra"] = sorted({t.name for t in threading.enumerate()} - threads)
+    now = collections.Counter(t.name for t in threading.enumerate())
+    out["threads_extra"] = sorted((now - threads).elements())
     out["fds_extra"] = _fds() - fds
     _barrier(launcher, "raised", survivors, rank)
-    out["keys_left"] = _agree.count_keys(launcher)
+    out["keys_left"] = _keys_left(launcher)
     lost = fmesh.recover(timeout=datetime.timedelta(seconds=3))
     out["recovered_lost"] = sorted(lost)
     # Carry on without them: a mesh of the survivors, and a collective on it.
@@ -205,8 +221,16 @@ def _check_survivors(job: Job, deaths: dict[int, int], bound: float) -> None:
         assert out["elapsed"] < bound, (o.rank, out)
         assert out["memo_extra"] == 0, (o.rank, out)
         assert out["threads_extra"] == [], (o.rank, out)
-        assert out["fds_extra"] <= 0, (o.rank, out)
-        assert out["keys_left"] == 0, (o.rank, out)
+        # A link to the next live rank on the ring, kept for later calls, the port's
+        # end of a watcher's new link, and a store connection of a worker the failed
+        # call started: no more (descriptors of its groups are gone with them).
+        assert out["fds_extra"] <= 3, (o.rank, out)
+        # The failed call's verdict (for the dead, who never read it), and per stream
+        # the last call that ended well's count and "ok" (its next call removes them).
+        calls = out["keys_left"]
+        failed = [c for c, keys in calls.items() if "end" in keys]
+        assert len(failed) == 1 and set(calls[failed[0]]) == VERDICT, (o.rank, calls)
+        assert all(keys == ["n", "ok"] for c, keys in calls.items() if c not in failed), calls
         assert out["recovered_lost"] == dead, (o.rank, out)
         assert out["sum"] == len(job.outcomes) - len(dead), (o.rank, out)
 
@@ -244,7 +268,7 @@ def test_torchs_own_entry_points_raise_it_too(tmp_path: Path, how: str) -> None:
 
 def test_a_slow_peer_that_is_alive_is_not_lost(tmp_path: Path) -> None:
     # Rank 2 sleeps longer than the silence (7 s at timeout=14 s) before its first
-    # group, but within the timeout: its sentinel beats, the call completes everywhere.
+    # group, but within the timeout: its port is there, the call completes everywhere.
     interval, silence = watch.settings(4, datetime.timedelta(seconds=14))
     naps = {2: (1, silence + 2 * interval + 1.0)}
     job = _run(tmp_path, 4, "realize", {"dp": 2, "tp": 2}, {}, timeout_s=14.0, naps=naps)

@@ -19,7 +19,6 @@ import inspect
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _dist import run_cli, run_spawn
+from _dist import kill_tree, run_cli, run_spawn
 
 import fmesh
 
@@ -135,7 +134,7 @@ class Launch:
         stalled = self.launch in seen and now - seen[self.launch] > GRACE_S
         if stalled or now - self.start > LAUNCH_TIMEOUT_S:
             self.hung = True
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_tree(self.proc.pid)
             self.proc.wait()
             self.seconds = now - self.start
             return True
@@ -241,11 +240,6 @@ def _warned(stderr: str, rank: int, first: tuple[str, str], second: tuple[str, s
     return False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 42 item 1, protocol side: the agreement compares the names code "
-    "(Turn.names) apart and warns; until that lands, routed ranks agree silently",
-)
 def test_routed_dim_names_that_differ_are_a_warning_naming_both_ranks_and_names(
     launches: dict[str, Launch],
 ) -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from .._compat.interruptible import peek
 from .._core.errors import MeshMismatchError
-from .arrivals import timeout_error
+from .arrivals import leave, timeout_error
 from .connections import thread_store
 from .records import ABORT, KEY_ROOT, Entry, Record, Ticket, append, wait_get
 
@@ -55,8 +55,9 @@ MISMATCH_HELP = (
 _GRACE = 5.0
 """Seconds a rank that found a mismatch waits for the first rank's full record."""
 
-_expected: dict[str, str] = {}
-"""Per stream prefix: the value of its ``c`` key as this rank last read it."""
+_expected: dict[tuple[str, int], str] = {}
+"""Per stream prefix (and rank: tests play several ranks in one process): the value of
+its ``c`` key as this rank last read it."""
 
 
 def count_keys(store: Store) -> int:
@@ -103,10 +104,10 @@ def open_call(
     try:
         got = mine
         for _ in range(3):
-            expected = _expected.get(stream, "")
+            expected = _expected.get((stream, rank), "")
             got = bytes(conn.compare_set(stream + "c", expected, mine)).decode()
             first = Entry.parse(got)
-            _expected[stream] = got
+            _expected[stream, rank] = got
             if got == mine or first is None or first.number >= entry.number:
                 break
             # A record of an earlier call: this rank's expectation was stale.
@@ -149,7 +150,9 @@ def _mismatch(ticket: Ticket) -> MeshMismatchError:
         conn.add(prefix + "n", ABORT)
         conn.compare_set(prefix + "mm", "", ticket.record().text())
         conn.compare_set(prefix + "end", "", "mm")
-    return explain(conn, ticket)
+    error = explain(conn, ticket)
+    leave(ticket, False, ())
+    return error
 
 
 def explain(conn: Store, ticket: Ticket) -> MeshMismatchError:

@@ -122,6 +122,13 @@ class Arrivals:
         append(conn, p + "arr", me)
         return False
 
+    def tidy(self, conn: Store) -> None:
+        """The call ended well: the rank that opened the list of ranks present or
+        coordinated a census removes what they left."""
+        if self.reporter:
+            for key in ("arr", "late", "to", "end"):
+                conn.delete_key(self.t.prefix + key)
+
     def _report(self, conn: Store) -> str:
         """The reporter: publish the ranks missing from the list."""
         here = _ranks(peek(conn, self.t.prefix + "arr"))
@@ -161,6 +168,7 @@ class Arrivals:
         me = f"T{t.rank}"
         if conn.compare_set(p + "to", "", me).decode() != me:
             return False  # another rank coordinates: its verdict comes with the reads
+        self.reporter = True  # it removes what the census left if the call ends well
         if conn.compare_set(p + "end", "", "census").decode() != "census":
             return True  # another verdict came first
         self.present(conn)
@@ -171,6 +179,7 @@ class Arrivals:
             conn.compare_set(p + "end", "census", "")
             return False
         if conn.add(p + "n", POISON) % ABORT >= t.n:
+            conn.compare_set(p + "end", "census", "")
             return False  # the last rank got out meanwhile: the call succeeded
         conn.set(p + "miss", ",".join(map(str, missing)))
         conn.set(
@@ -239,7 +248,7 @@ def leave(ticket: Ticket, named: bool, lost: tuple[int, ...]) -> None:
         if conn.add(p + "read", 1) >= len(accused) and conn.add(p + "gone", 0) >= (
             ticket.n - len(accused)
         ):
-            for key in _VERDICT:
+            for key in _KEYS + _VERDICT:  # a late rank's count re-made "n"
                 conn.delete_key(p + key)
         return
     if conn.add(p + "gone", 1) < ticket.n - len(accused):

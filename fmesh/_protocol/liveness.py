@@ -143,7 +143,13 @@ def creating(backend: str, store: Store, make: Callable[[Store], T]) -> T:
     handle = workers.submit(lambda: make(watch.store_for(thread_store(store))))
     conn = watch.ticket.conn
     while not handle.wait(watch.interval):
-        if watch.cancelled(conn) and handle.abandon(_destroy_late):
+        # Given up: the worker's own waits end at their next slice; only a construction
+        # stuck in native code is left behind.
+        if (
+            watch.cancelled(conn)
+            and not handle.wait(watch.interval + 0.5)
+            and handle.abandon(_destroy_late)
+        ):
             global abandoned
             abandoned += 1
             logger.warning(

@@ -166,7 +166,8 @@ class Port:
     def _step(self) -> None:
         now = time.monotonic()
         deadline = next(iter(self._pending.values()), (None, b""))[0]
-        wait = None if deadline is None else max(0.0, deadline - now)
+        # At least every few seconds: a closed port's thread ends.
+        wait = 5.0 if deadline is None else min(5.0, max(0.0, deadline - now))
         for key, _ in self._sel.select(wait):
             sock = key.fileobj
             assert isinstance(sock, socket.socket)
@@ -257,6 +258,17 @@ class Port:
             self._sel.unregister(sock)
         with contextlib.suppress(OSError):
             sock.close()
+
+    def close(self) -> None:
+        """Close the port and every connection it holds: to its peers this process is
+        gone from then on (its watchers find the port refusing). The next creating
+        call opens a new port (``mine``)."""
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._srv.close()
+        for sock in [*self._pending, *self._watchers]:
+            with contextlib.suppress(OSError):
+                sock.close()
 
     # -- fork ---------------------------------------------------------------------------
 

@@ -235,10 +235,12 @@ class Watch:
             for i, p in enumerate(batch):
                 found = got[p]
                 if isinstance(found, links.Link) or found[0] == "unknown":
-                    for q in batch[i:]:
+                    if isinstance(found, links.Link):  # watched from the next check
+                        _links.setdefault(p, found)
+                    for q in batch[i + 1 :]:
                         other = got[q]
                         if isinstance(other, links.Link):
-                            _links.setdefault(q, other)
+                            other.close()
                     self._declare(conn, lost, why)
                     return
                 lost.append(p)
@@ -379,7 +381,10 @@ class Watch:
         rank it names has read it)."""
         if self._link is not None:
             self._link.watching(None)
-        if not self._ok:
+        if self._ok:
+            with contextlib.suppress(Exception):
+                self.arrivals.tidy(self.ticket.conn)
+        else:
             conn = self.ticket.conn
             with contextlib.suppress(Exception):
                 arrivals.leave(self.ticket, bool(self._given_up), self.lost(conn))

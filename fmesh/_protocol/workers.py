@@ -73,14 +73,18 @@ class _Worker:
 
     def _run(self) -> None:
         while True:
-            fn, handle = self.jobs.get()
-            try:
-                value, error = fn(), None
-            except BaseException as err:  # handed to the caller, or dropped if late
-                value, error = None, err
-            with _lock:
-                _idle.append(self)
-            handle._finish(value, error)
+            self._one(*self.jobs.get())
+
+    def _one(self, fn: Callable[[], Any], handle: Handle[Any]) -> None:
+        """One job; its frame, and with it the group it made, goes when it ends (a
+        group destroyed after its call failed must not stay alive here)."""
+        try:
+            value, error = fn(), None
+        except BaseException as err:  # handed to the caller, or dropped if late
+            value, error = None, err
+        with _lock:
+            _idle.append(self)
+        handle._finish(value, error)
 
 
 _lock = threading.Lock()
