@@ -42,7 +42,7 @@ from bench.counting import CountingStore
 from fmesh import PeerLostError
 from fmesh._compat import memory_store
 from fmesh._compat.interruptible import peek
-from fmesh._protocol import links, liveness, port, watch
+from fmesh._protocol import links, liveness, port, ring, watch
 from fmesh._protocol.records import Entry, Record, Ticket
 
 if TYPE_CHECKING:
@@ -287,9 +287,9 @@ def test_a_watcher_holding_many_files_watches_with_any_descriptor(holder: Holder
 @pytest.fixture
 def live() -> Iterator[port.Port]:
     """This process's port: every live simulated rank's."""
-    watch.forget_addresses()
+    ring.forget_addresses()
     yield port.mine("127.0.0.1")
-    watch.forget_addresses()
+    ring.forget_addresses()
 
 
 def dead_address() -> port.Address:

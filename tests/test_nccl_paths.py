@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from fmesh import PeerLostError
 from fmesh._compat import memory_store, nccl
-from fmesh._protocol import liveness, port, watch
+from fmesh._protocol import liveness, port, ring
 from fmesh._protocol.records import Entry, Record, Ticket
 
 if TYPE_CHECKING:
@@ -107,9 +107,9 @@ def _bootstrap_wait(store: Store, wait_s: float) -> list[bytes]:
 @pytest.fixture
 def live() -> Iterator[port.Port]:
     """This process's liveness port: rank 1's (and a live rank 0's)."""
-    watch.forget_addresses()
+    ring.forget_addresses()
     yield port.mine()
-    watch.forget_addresses()
+    ring.forget_addresses()
 
 
 def dead_address() -> port.Address:

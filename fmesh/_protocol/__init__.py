@@ -1,9 +1,13 @@
 """The cross-rank protocol: what ranks do together, apart from what one process does.
 
 ``stream.py`` says how calls are matched across ranks (stream names, call codes,
-numbering, agreement keys); ``agreement.py`` agrees on a call and ``records.py`` keeps
-its shared records and what ranks do when it fails; ``arrivals.py`` waits for and warns
-about late ranks; ``liveness.py``, ``watch.py`` and ``sentinel.py`` make a lost rank a
-dead one. It imports only the core and the compat package: the runtime (``_runtime/``)
-calls it, never the reverse. Layers: ``docs/design/runtime-layers.md``.
+numbering); ``agreement.py`` puts a rank's record of a creating call in and names a
+rank that makes another call, ``records.py`` holds what ranks write; ``watch.py`` runs
+a call's waits (the closing round, the verdict, a rank given up on) with
+``arrivals.py`` (late ranks, the timeout, the keys a call leaves); ``port.py``,
+``links.py`` and ``ring.py`` make a lost rank a process that has exited (liveness its
+kernel keeps); ``connections.py`` and ``workers.py`` are the store connections and
+the threads a call uses; ``liveness.py`` is what the runtime calls. It imports only
+the core and the compat package: the runtime (``_runtime/``) calls it, never the
+reverse. Layers: ``docs/design/runtime-layers.md``.
 """

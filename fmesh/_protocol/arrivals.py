@@ -216,8 +216,9 @@ def timeout_error(conn: Store, t: Ticket, wait: float) -> MeshMismatchError:
     return MeshMismatchError(f"rank {t.rank} {when} {t.where}{history}: {why}")
 
 
-_pending: dict[str, tuple[object, tuple[str, ...]]] = {}
-"""Per stream: the store and the keys of its last call that ended well."""
+_pending: dict[tuple[str, int], tuple[object, tuple[str, ...]]] = {}
+"""Per stream (and rank: tests play several ranks in one process): the store and the
+keys of its last call that ended well."""
 
 
 def forget_pending() -> None:
@@ -229,7 +230,7 @@ def clean_previous(ticket: Ticket, last: bool) -> None:
     """This rank is out of a call that ended well: the last rank out removes the
     stream's previous call's keys (every rank left it); this call's keys wait for the
     next call."""
-    stream = ticket.prefix.rstrip("/").rpartition("/")[0]
+    stream = (ticket.prefix.rstrip("/").rpartition("/")[0], ticket.rank)
     store, keys = _pending.get(stream, (None, ()))
     if last and store is ticket.store:
         for key in keys:

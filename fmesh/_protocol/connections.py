@@ -82,7 +82,8 @@ def new_connection(store: Store) -> Store:
         except (RuntimeError, NotImplementedError, AttributeError):
             return store
         if before is not None and address is not None:
-            _harden(_descriptors() - before, address[1])
+            seen = set(before.values())
+            _harden({fd for fd, sock in _descriptors().items() if sock not in seen}, address[1])
     return clone
 
 
@@ -112,11 +113,22 @@ def store_address(store: object) -> tuple[str, int] | None:
     return None
 
 
-def _descriptors() -> set[int]:
+def _descriptors() -> dict[int, str]:
+    """This process's descriptors that are sockets, by number, with the socket each
+    names (a number can be closed and reused, a socket cannot)."""
+    out: dict[int, str] = {}
     try:
-        return {int(name) for name in os.listdir("/proc/self/fd")}
+        names = os.listdir("/proc/self/fd")
     except OSError:  # not Linux: clones keep the kernel's defaults
-        return set()
+        return out
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile (the listing's own)
+            continue
+        if target.startswith("socket:"):
+            out[int(name)] = target
+    return out
 
 
 def _harden(fds: set[int], port: int) -> None:

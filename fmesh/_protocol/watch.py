@@ -6,8 +6,8 @@ round) is cut into slices (``_compat/interruptible.py``); at each slice's end th
 waiting thread asks ``cancelled``, which
 
 * asks its kernel about the link to the rank's successor on the ring of the call's
-  ranks (``links.py``: one ``recv`` that does not wait), after the call's first second
-  (a call that ends sooner makes no link and reads no address);
+  ranks (``ring.py``, ``links.py``: one ``recv`` that does not wait), after the call's
+  first second (a call that ends sooner makes no link and reads no address);
 * reads the call's verdict ``P+"end"`` once per interval;
 * keeps the slow path of a long wait (``arrivals.py``: the ranks present, a warning
   a minute, the call's timeout).
@@ -30,13 +30,14 @@ from typing import TYPE_CHECKING
 
 from .._compat.interruptible import interruptible_store, peek
 from .._core.errors import MeshMismatchError, PeerLostError
-from . import agreement, arrivals, links, port
+from . import agreement, arrivals
 from .records import ABORT, Ticket, append, wait_get
+from .ring import Ring
 
 if TYPE_CHECKING:
     from .._compat import Store
 
-__all__ = ["GRACE", "INTERVAL", "RATE", "SILENCE", "Watch", "forget_addresses", "settings"]
+__all__ = ["GRACE", "INTERVAL", "RATE", "SILENCE", "Watch", "given_up", "settings"]
 
 logger = logging.getLogger("fmesh")
 
@@ -50,23 +51,6 @@ SILENCE = 8.0
 GRACE = 3.0
 """Seconds a watcher that found a loss waits before publishing the verdict, so that
 ranks that died at the same moment, found by other watchers, are named too."""
-_WALK = 8
-"""Ranks connected to at once when walking the ring past dead ones."""
-
-_addresses: dict[int, port.Address] = {}
-"""Peers' port addresses read so far (one read per peer, not per call)."""
-_links: dict[int, links.Link] = {}
-"""This process's links to its peers' ports, kept across calls."""
-
-
-def forget_addresses() -> None:
-    """Forget every peer's address and link: the runtime calls this when its memo is
-    reset (``destroy``, a new default process group), whose ranks may be other
-    processes."""
-    _addresses.clear()
-    for link in _links.values():
-        link.close()
-    _links.clear()
 
 
 def settings(ranks: int, timeout: datetime.timedelta | None) -> tuple[float, float]:
@@ -107,10 +91,8 @@ class Watch:
         self.liveness = liveness
         self.start = time.monotonic()
         self._last_read = self.start
-        self._link_due = self.start + min(self.interval, INTERVAL)
-        self._link: links.Link | None = None
-        self._asked = False
-        """An address was read in this call already (later reads add to the verdict's)."""
+        self.ring = Ring(ticket.ranks, ticket.rank, self.silence, self.interval)
+        self.ring.due = self.start + min(self.interval, INTERVAL)
         self._broken = False
         self._given_up = ""
         """Why the other ranks give up on this one ("" while they do not)."""
@@ -139,8 +121,12 @@ class Watch:
             return self._broken  # another thread is checking right now
         try:
             now = time.monotonic()
-            if self.liveness and now >= self._link_due:
-                self._watch_link(conn, now)
+            if self.liveness and now >= self.ring.due:
+                lost, why, first = self.ring.check(conn, now)
+                if first:  # the call's first read of an address: this interval's read
+                    self._last_read = now
+                if lost:
+                    self._declare(conn, lost, why)
             if not self._broken and now - self._last_read >= self.interval:
                 self._last_read = now
                 end = peek(conn, self.p + "end")
@@ -162,90 +148,6 @@ class Watch:
         self._broken = True
 
     # -- the link to the successor ----------------------------------------------------
-
-    def _watch_link(self, conn: Store, now: float) -> None:
-        t = self.ticket
-        ring = list(t.ranks)
-        me = ring.index(t.rank)
-        peer = ring[(me + 1) % self.n]
-        if self._link is None:
-            link = _links.get(peer)
-            if link is None or link.sock is None:
-                got = self._connect(conn, [peer], now)[peer]
-                if isinstance(got, tuple) and got[0] == "unknown":  # not here yet:
-                    # it publishes its address before its record. Ask again later,
-                    # the verdict read each interval meanwhile.
-                    self._link_due = now + 2 * self.interval
-                    return
-                if not isinstance(got, links.Link):
-                    self._walk(conn, ring, me, [peer], got[1])
-                    return
-                link = _links[peer] = got
-            link.watching(self.silence)
-            self._link = link
-        kind, why = self._link.check()
-        if kind == "closed":  # its process ended, or its port made room: ask again
-            got = self._connect(conn, [peer], now)[peer]
-            if isinstance(got, links.Link):
-                got.watching(self.silence)
-                self._link = _links[peer] = got
-                return
-            kind, why = got
-        if kind:
-            self._link = None
-            _links.pop(peer, None)
-            self._walk(conn, ring, me, [peer], why)
-
-    def _connect(
-        self, conn: Store, peers: list[int], now: float
-    ) -> dict[int, links.Link | tuple[str, str]]:
-        """Links to ``peers`` (their addresses read once per process: the first read
-        takes the place of that interval's read of the verdict); a refused cached
-        address is read again once (the peer may have opened its port anew). A peer
-        with no address yet is ``("unknown", ...)``: it has not reached its first
-        creating call (a rank publishes its address before its record)."""
-        fresh = [p for p in peers if p not in _addresses]
-        for p in fresh:
-            raw = peek(conn, port.KEY + str(p))
-            if raw is not None:
-                _addresses[p] = port.Address.parse(raw)
-        if fresh and not self._asked:
-            self._last_read = now  # the first read of a call, in place of the verdict's
-        self._asked = self._asked or bool(fresh)
-        known = [(p, _addresses[p]) for p in peers if p in _addresses]
-        out = links.connect_all(known, self.silence)
-        for p, got in list(out.items()):
-            if isinstance(got, tuple) and got[0] == "dead" and p not in fresh:
-                raw = peek(conn, port.KEY + str(p))
-                if raw is not None and port.Address.parse(raw) != _addresses[p]:
-                    _addresses[p] = port.Address.parse(raw)
-                    out.update(links.connect_all([(p, _addresses[p])], self.silence))
-        for p in peers:
-            out.setdefault(p, ("unknown", "it has not published its address yet"))
-        return out
-
-    def _walk(self, conn: Store, ring: list[int], me: int, lost: list[int], why: str) -> None:
-        """The ranks after ``lost`` along the ring, several at once, up to the first
-        one that is alive or not here yet (this rank watches it from its next check);
-        declare everyone passed lost."""
-        step = len(lost) + 1
-        while step < self.n:
-            batch = [ring[(me + s) % self.n] for s in range(step, min(step + _WALK, self.n))]
-            got = self._connect(conn, batch, time.monotonic())
-            for i, p in enumerate(batch):
-                found = got[p]
-                if isinstance(found, links.Link) or found[0] == "unknown":
-                    if isinstance(found, links.Link):  # watched from the next check
-                        _links.setdefault(p, found)
-                    for q in batch[i + 1 :]:
-                        other = got[q]
-                        if isinstance(other, links.Link):
-                            other.close()
-                    self._declare(conn, lost, why)
-                    return
-                lost.append(p)
-            step += len(batch)
-        self._declare(conn, lost, why)
 
     def _declare(self, conn: Store, lost: list[int], why: str) -> None:
         """Mark the call failed and name ``lost``; publish the verdict after ``GRACE``
@@ -379,8 +281,7 @@ class Watch:
         """Keepalive off on the link; after a failure, count this rank out of the call
         (``arrivals.leave``: the keys go once every rank is out, the verdict once every
         rank it names has read it)."""
-        if self._link is not None:
-            self._link.watching(None)
+        self.ring.close()
         if self._ok:
             with contextlib.suppress(Exception):
                 self.arrivals.tidy(self.ticket.conn)

@@ -28,7 +28,7 @@ import attrs
 # Re-exported for the DeviceMesh interop (its imports name this module).
 from .._core.rank_map import WorldKey as WorldKey
 from .._core.rank_map import world_key as world_key
-from .._protocol import agreement, arrivals, connections, watch
+from .._protocol import agreement, arrivals, connections, ring
 from .._protocol.stream import Stream
 from .hooks import run_dead_hooks, run_loss_hooks, run_reset_hooks
 from .loss import GroupKey, Loss
@@ -123,7 +123,7 @@ class State:
         self.options_ids.clear()
         self.generation += 1
         connections.forget_connections()  # the protocol's caches of the old world
-        watch.forget_addresses()
+        ring.forget_addresses()
         agreement.forget_streams()
         arrivals.forget_pending()
         run_reset_hooks()
