@@ -62,6 +62,7 @@ elif files + 512 > soft:
 held = [open(os.devnull) for _ in range(files)]  # a trainer's shards and sockets
 from fmesh._protocol import port
 p = port.mine("127.0.0.1")
+p.serve()
 child = 0
 if mode == "fork":  # a data loader's worker: a fork that outlives the rank
     child = os.fork()
@@ -288,7 +289,9 @@ def test_a_watcher_holding_many_files_watches_with_any_descriptor(holder: Holder
 def live() -> Iterator[port.Port]:
     """This process's port: every live simulated rank's."""
     ring.forget_addresses()
-    yield port.mine("127.0.0.1")
+    p = port.mine("127.0.0.1")
+    p.serve()
+    yield p
     ring.forget_addresses()
 
 
@@ -486,3 +489,74 @@ def test_torchs_store_wakes_a_keys_waiters_on_a_compare_set_of_it() -> None:
     waiter.wait(["missing"], datetime.timedelta(seconds=10))
     assert time.monotonic() - start < 5.0
     assert not waiter.check(["missing"])
+
+
+# -- what liveness costs a process ------------------------------------------------------------
+
+PER_PROCESS_FDS = 6
+"""A rank's descriptors for liveness, at most: its port, the port's selector and
+reserve, the link to its successor, and its predecessor's link (held by the port),
+plus one for a second watcher (a ring that walked past a dead rank)."""
+
+
+def cost_job(rank: int, world: int) -> dict[str, Any]:
+    """Several creating calls (their waits made long enough to watch: rank 0 is 1.5 s
+    late to each): what this process holds for liveness after them."""
+    import resource
+
+    import torch.distributed as dist
+
+    import fmesh
+
+    dist.init_process_group("gloo")
+    dist.barrier()
+    fds0 = set(os.listdir("/proc/self/fd"))
+    threads0 = {t.ident for t in threading.enumerate()}
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    meshes = [
+        fmesh.make_mesh({"dp": 2, "tp": world // 2}),
+        fmesh.make_mesh({"x": 2, "y": world // 2}, ranks=list(range(world))[::-1]),
+        fmesh.make_mesh({"a": world // 2, "b": 2}),
+    ]
+    for mesh in meshes:
+        if rank == 0:
+            time.sleep(1.5)
+        fmesh.realize(mesh)
+    dist.barrier()
+    time.sleep(0.5)
+    new = [t for t in threading.enumerate() if t.ident not in threads0]
+    children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
+    sockets = [
+        os.readlink(f"/proc/self/fd/{fd}")
+        for fd in set(os.listdir("/proc/self/fd")) - fds0
+        if os.path.exists(f"/proc/self/fd/{fd}")
+    ]
+    return {
+        "threads": sorted(t.name for t in new),
+        "children": children,
+        "fds": len(sockets),
+        "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0,
+    }
+
+
+def test_a_process_pays_one_thread_and_a_handful_of_descriptors(tmp_path: Path) -> None:
+    from _dist import run_spawn
+
+    outs = run_spawn(cost_job, 4, tmp_path=tmp_path, timeout=120).values()
+    for rank, out in enumerate(outs):
+        # No process per rank, one thread (the port's), whatever the calls made.
+        assert out["children"] == [], (rank, out)
+        assert out["threads"] == ["fmesh-liveness"], (rank, out)
+        # The groups' own descriptors (gloo's pairs and loops) come on top: compare
+        # with a run without the watch (test below).
+        assert out["fds"] >= 1, (rank, out)
+    off = run_spawn(cost_off_job, 4, tmp_path=tmp_path / "off", timeout=120).values()
+    for rank, (out, base) in enumerate(zip(outs, off, strict=True)):
+        assert out["fds"] - base["fds"] <= PER_PROCESS_FDS, (rank, out, base)
+        assert base["threads"] == [], (rank, base)
+
+
+def cost_off_job(rank: int, world: int) -> dict[str, Any]:
+    """The same calls with the watch off: the groups' own descriptors alone."""
+    os.environ["FMESH_PEER_WATCH"] = "0"
+    return cost_job(rank, world)

@@ -108,7 +108,9 @@ def _bootstrap_wait(store: Store, wait_s: float) -> list[bytes]:
 def live() -> Iterator[port.Port]:
     """This process's liveness port: rank 1's (and a live rank 0's)."""
     ring.forget_addresses()
-    yield port.mine()
+    p = port.mine()
+    p.serve()
+    yield p
     ring.forget_addresses()
 
 

@@ -284,3 +284,14 @@ def test_complement_matches_torch(spec: MeshSpec, data: st.DataObject) -> None:
     assert _same_layout(layout, theirs)
     assert _same_layout(layout.complement(mesh.index_size), theirs.complement(mesh.index_size))
     assert layout.cosize == _MeshLayout([theirs]).cosize()
+
+
+def test_the_fields_device_mesh_init_sets_are_those_fmesh_knows_for_this_torch() -> None:
+    # fmesh's DeviceMesh without torch's O(world) searches sets these fields itself:
+    # the table read off earlier must be what this torch's __init__ sets.
+    from fmesh._compat import mesh as compat_mesh
+    from fmesh._compat.c10d import torch_version
+
+    known = compat_mesh.KNOWN_FIELDS.get(torch_version())
+    assert known is None or known == compat_mesh.probe_fields()
+    assert compat_mesh.init_fields() == compat_mesh.probe_fields()

@@ -27,6 +27,7 @@ __all__ = [
     "init_fields",
     "layout_axes",
     "make_device_mesh",
+    "probe_fields",
 ]
 
 Modes = tuple[tuple[int, int], ...]
@@ -103,10 +104,39 @@ def device_mesh_rank_map(device_mesh: DeviceMesh) -> tuple[int, ...]:
     return tuple(int(r) for r in device_mesh._rank_map.tolist())
 
 
+_FIELDS_213 = frozenset(
+    {
+        "_coordinate_on_dim",
+        "_device_type",
+        "_flatten_mapping",
+        "_flatten_rank_map",
+        "_hash",
+        "_layout",
+        "_mesh_dim_names",
+        "_pg_registry",
+        "_rank",
+        "_rank_map",
+        "_root_mesh",
+        "_thread_id",
+    }
+)
+KNOWN_FIELDS = {(2, 13): _FIELDS_213, (2, 15): _FIELDS_213 | {"_preserve_rank_order"}}
+"""What ``DeviceMesh.__init__`` sets, on the torch versions it was read off
+(``tests/test_torch_layout.py`` reads it again on the torch that runs the tests)."""
+
+
 @functools.cache
 def init_fields() -> frozenset[str]:
-    """The attributes ``DeviceMesh.__init__`` (without a backend) sets on this torch,
-    read once off a one-rank mesh."""
+    """The attributes ``DeviceMesh.__init__`` (without a backend) sets on this torch:
+    known for the versions in ``KNOWN_FIELDS`` (a probe builds a DeviceMesh, which
+    costs a process's first mesh about a millisecond), else read off a one-rank mesh."""
+    known = KNOWN_FIELDS.get(torch_version())
+    return known if known is not None else probe_fields()
+
+
+def probe_fields() -> frozenset[str]:
+    """The attributes ``DeviceMesh.__init__`` (without a backend) sets, read off a
+    one-rank mesh."""
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 

@@ -6,8 +6,8 @@ rank that makes another call, ``records.py`` holds what ranks write; ``watch.py`
 a call's waits (the closing round, the verdict, a rank given up on) with
 ``arrivals.py`` (late ranks, the timeout, the keys a call leaves); ``port.py``,
 ``links.py`` and ``ring.py`` make a lost rank a process that has exited (liveness its
-kernel keeps); ``connections.py`` and ``workers.py`` are the store connections and
-the threads a call uses; ``liveness.py`` is what the runtime calls. It imports only
+kernel keeps); ``connections.py`` holds the store connections a call uses and
+hardens them; ``liveness.py`` is what the runtime calls. It imports only
 the core and the compat package: the runtime (``_runtime/``) calls it, never the
 reverse. Layers: ``docs/design/runtime-layers.md``.
 """

@@ -1,18 +1,22 @@
-"""The store connection each thread of a creating call uses, one of its own per thread.
+"""The store connections a creating call uses, and how a rank cut off from the store
+learns it in seconds.
 
-A TCPStore client serializes its requests, and a wait holds it: threads sharing one
-would stall each other, and torch's own use of the default store must not wait behind
-fmesh's. So each thread that takes part in a creating call (the caller, a worker that
-constructs a gloo group) talks to the store through a clone of the default store of
-its own, made once per thread and kept.
+A TCPStore client serializes its requests, and a wait holds it. The main thread uses
+the default store's own connection, as torch does (a new connection costs a round
+trip, and torch looks up the name of every new client socket's address while holding
+the GIL: a resolver that does not answer stalls the whole process for seconds). Any
+other thread that realizes meshes (a stream of its own) clones the store once and
+keeps the clone: threads sharing one connection would stall each other's waits.
 
-Each clone's socket gets ``TCP_USER_TIMEOUT`` (Linux): a request whose bytes the
+While a watched call is in progress (``hardened``), every connection of this process
+to the store's address gets ``TCP_USER_TIMEOUT`` (Linux): a request whose bytes the
 store's host has not acknowledged within ``USER_TIMEOUT`` seconds ends the connection,
 so a rank whose host or network is cut off from the store raises (a documented error,
 ``watch.py``) instead of waiting in the store client for the kernel's retransmissions
 (about 15 minutes). The host's kernel acknowledges even while the store's process is
-busy or stopped, so a slow store is never taken for a lost one. torch's own connection
-is left as it is.
+busy or stopped, so a slow store is never taken for a lost one. Between calls the
+connections have the kernel's defaults again: torch's own use of its connection is
+untouched. A clone keeps the timeout for good (fmesh alone uses it).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import contextlib
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
@@ -41,20 +46,29 @@ USER_TIMEOUT = 20.0
 _local = threading.local()
 _generation = [0]
 _lock = threading.Lock()
-hardened = [0]
-"""Store sockets given ``TCP_USER_TIMEOUT`` in this process (tests read it)."""
+_found: dict[tuple[str, int], list[tuple[int, str, socket.socket]]] = {}
+"""Per store address: this process's connections to it (descriptor, socket identity, a
+socket object on a duplicate of the descriptor), found once."""
 
 
 def forget_connections() -> None:
-    """Make every thread clone its store connection anew: the runtime calls this when
-    its memo is reset (``destroy``, a new default process group), whose store may be
-    another one at the same address."""
+    """Make every thread clone its store connection anew, and find the connections to
+    the store again: the runtime calls this when its memo is reset (``destroy``, a new
+    default process group), whose store may be another one at the same address."""
     _generation[0] += 1
+    with _lock:
+        for found in _found.values():
+            for _, _, sock in found:
+                sock.close()
+        _found.clear()
 
 
 def thread_store(store: Store) -> Store:
-    """This thread's own connection to ``store`` (a clone made once per thread and
-    store, its socket hardened), or ``store`` itself if it cannot be cloned."""
+    """This thread's connection to ``store``: ``store`` itself on the main thread; a
+    clone, made once per thread and kept, on any other thread (``store`` itself if it
+    cannot be cloned)."""
+    if threading.current_thread() is threading.main_thread():
+        return store
     entry: tuple[Store, Store, int] | None = getattr(_local, "conn", None)
     if entry is not None and entry[0] is store and entry[2] == _generation[0]:
         return entry[1]
@@ -63,28 +77,107 @@ def thread_store(store: Store) -> Store:
     return clone
 
 
-def drop_thread_store() -> None:
-    """Forget this thread's connection (it failed): the next call clones anew."""
-    _local.conn = None
-
-
 def new_connection(store: Store) -> Store:
-    """A new client of the same store with its socket hardened (the store itself if
-    it cannot clone: torch cannot clone a prefix store over a store written in Python,
-    such as a test's counting wrapper)."""
+    """A new client of the same store, its socket given ``TCP_USER_TIMEOUT`` for good
+    (the store itself if it cannot clone: torch cannot clone a prefix store over a
+    store written in Python, such as a test's counting wrapper)."""
     if not _cloneable(store):
         return store
     address = store_address(store)
-    with _lock:  # a clone's socket is found as the one descriptor it opened
-        before = _descriptors() if address is not None else None
+    with _lock:  # a clone's socket is found as the one socket it opened
+        before = set(_sockets().values())
         try:
             clone = cast("Store", cast("_Cloneable", store).clone())
         except (RuntimeError, NotImplementedError, AttributeError):
             return store
-        if before is not None and address is not None:
-            seen = set(before.values())
-            _harden({fd for fd, sock in _descriptors().items() if sock not in seen}, address[1])
+        if address is not None:
+            for fd, name in _sockets().items():
+                if name not in before:
+                    with contextlib.suppress(OSError):
+                        sock = socket.socket(fileno=os.dup(fd))
+                        with sock:
+                            if sock.getpeername()[1] == address[1]:
+                                _set_timeout(sock, USER_TIMEOUT)
     return clone
+
+
+@contextlib.contextmanager
+def hardened(store: Store) -> Iterator[None]:
+    """For the block: every connection of this process to ``store``'s address gets
+    ``TCP_USER_TIMEOUT`` (found once per process and store; each checked to be the
+    same socket at each call), and the kernel's default again after."""
+    address = store_address(store)
+    if address is None or getattr(socket, "TCP_USER_TIMEOUT", None) is None:
+        yield
+        return
+    with _lock:
+        found = _found.get(address)
+        if found is None or not all(_same(fd, name) for fd, name, _ in found):
+            for _, _, sock in found or ():
+                sock.close()
+            found = _found[address] = _connections_to(address)
+        socks = [sock for _, _, sock in found]
+    for sock in socks:
+        _set_timeout(sock, USER_TIMEOUT)
+    try:
+        yield
+    finally:
+        for sock in socks:
+            _set_timeout(sock, 0.0)
+
+
+hardened_count = [0]
+"""Connections given the timeout so far (tests read it)."""
+
+
+def _set_timeout(sock: socket.socket, seconds: float) -> None:
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))
+        if seconds:
+            hardened_count[0] += 1
+
+
+def _connections_to(address: tuple[str, int]) -> list[tuple[int, str, socket.socket]]:
+    """This process's TCP connections to ``address``'s port (the store's clients)."""
+    out = []
+    for fd, name in _sockets().items():
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if sock.type == socket.SOCK_STREAM and sock.getpeername()[1] == address[1]:
+                out.append((fd, name, sock))
+                continue
+        except OSError:  # not connected (a listening socket, say)
+            pass
+        sock.close()
+    return out
+
+
+def _same(fd: int, name: str) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == name
+    except OSError:
+        return False
+
+
+def _sockets() -> dict[int, str]:
+    """This process's descriptors that are sockets, by number, with the socket each
+    names (a number can be closed and reused, a socket cannot)."""
+    out: dict[int, str] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:  # not Linux: the kernel's defaults stay
+        return out
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile (the listing's own)
+            continue
+        if target.startswith("socket:"):
+            out[int(name)] = target
+    return out
 
 
 def _cloneable(store: object) -> bool:
@@ -113,39 +206,13 @@ def store_address(store: object) -> tuple[str, int] | None:
     return None
 
 
-def _descriptors() -> dict[int, str]:
-    """This process's descriptors that are sockets, by number, with the socket each
-    names (a number can be closed and reused, a socket cannot)."""
-    out: dict[int, str] = {}
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:  # not Linux: clones keep the kernel's defaults
-        return out
-    for name in names:
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:  # closed meanwhile (the listing's own)
-            continue
-        if target.startswith("socket:"):
-            out[int(name)] = target
-    return out
+def _after_fork_in_child() -> None:
+    # The parent's connections must not be used by a forked child: its threads clone
+    # their own, and the connections to the store are found again.
+    global _lock
+    _lock = threading.Lock()
+    _found.clear()
+    _generation[0] += 1
 
 
-def _harden(fds: set[int], port: int) -> None:
-    option = getattr(socket, "TCP_USER_TIMEOUT", None)
-    if option is None:
-        return
-    for fd in fds:
-        try:
-            dup = os.dup(fd)
-        except OSError:  # gone (the listing's own descriptor)
-            continue
-        try:
-            sock = socket.socket(fileno=dup)
-        except OSError:  # not a socket
-            os.close(dup)
-            continue
-        with sock, contextlib.suppress(OSError):
-            if sock.type == socket.SOCK_STREAM and sock.getpeername()[1] == port:
-                sock.setsockopt(socket.IPPROTO_TCP, option, int(USER_TIMEOUT * 1000))
-                hardened[0] += 1
+os.register_at_fork(after_in_child=_after_fork_in_child)

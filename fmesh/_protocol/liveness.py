@@ -5,25 +5,27 @@ A rank is alive for its peers until its process has exited: its kernel keeps its
 liveness port (``port.py``) for it, whatever the process is doing. Before a creating
 call's record, each rank opens its port and publishes its address (``prepare``: one
 request, once per process). During the call, its ``Watch`` (``watch.py``), run by the
-threads that wait, asks its kernel about the link to its successor on the ring of the
-call's ranks and reads the call's verdict once per interval; a gloo construction runs
-on a kept worker thread (``workers.py``), so a given-up call never keeps its rank in
-gloo's connect (``creating``). Memo hits run no watch; ``FMESH_PEER_WATCH=0`` turns
-the port and the links off (the call's verdict, timeout and mismatch handling stay).
-Design, costs and bounds: ``docs/design/liveness.md``.
+thread that waits, asks its kernel about the link to its successor on the ring of the
+call's ranks and reads the call's verdict once per interval; every wait of the call is
+cut into such slices, a group's rendezvous included (``creating``). No thread is
+started per call; a process's port has one, started as its first watched call ends.
+Memo hits run no watch; ``FMESH_PEER_WATCH=0`` turns the port and the links off (the
+call's verdict, timeout and mismatch handling stay). Design, costs and bounds:
+``docs/design/liveness.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar
 
-from . import port, workers
+from .._compat.nccl import creation_waits_in_given_store
+from . import port
 from .connections import store_address, thread_store
 from .records import Ticket
 from .watch import Watch
@@ -31,26 +33,18 @@ from .watch import Watch
 if TYPE_CHECKING:
     from .._compat import Store
 
-__all__ = [
-    "Watch",
-    "abandoned",
-    "creating",
-    "current",
-    "enabled",
-    "prepare",
-    "warm",
-    "watching",
-]
+__all__ = ["Watch", "creating", "current", "enabled", "prepare", "warm", "watching"]
 
 logger = logging.getLogger("fmesh")
 T = TypeVar("T")
 
 started = 0
 """Watches started in this process (tests: a memo hit starts none)."""
-abandoned = 0
-"""Group creations this process left blocked in torch (``creating``)."""
 
-_local = threading.local()
+_current: contextvars.ContextVar[Watch | None] = contextvars.ContextVar(
+    "fmesh_watch", default=None
+)
+"""The watch of the call in progress in this thread."""
 
 
 def enabled() -> bool:
@@ -72,18 +66,20 @@ def _host(store: object) -> str | None:
 
 
 def warm() -> None:
-    """Open this process's port while a creating call is laid out, if it may have
-    peers (it costs a bind and a thread start, once per process)."""
+    """Open this process's port as a creating call is laid out, if it may have peers
+    (a bind, once per process: its thread starts as the call ends)."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        if dist.get_world_size() <= 1 or dist.get_backend() == "fake" or not enabled():
-            return
+    if not enabled():
+        return
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            port.mine(os.environ.get("MASTER_ADDR"))
+        return
+    if dist.get_world_size() > 1 and dist.get_backend() != "fake":
         from .._compat import default_store
 
         port.mine(_host(default_store()))
-    elif int(os.environ.get("WORLD_SIZE", "1")) > 1 and enabled():
-        port.mine(os.environ.get("MASTER_ADDR"))
 
 
 def prepare(store: Store, rank: int) -> None:
@@ -106,65 +102,37 @@ def watching(
     if ticket.n > 1:
         started += 1
         watch = Watch(ticket, patience, timeout, liveness=enabled())
-    previous = getattr(_local, "watch", None)
-    _local.watch = watch
+    token = _current.set(watch)
     try:
         yield watch
     finally:
-        _local.watch = previous
+        _current.reset(token)
         if watch is not None:
             watch.close()
 
 
 def current() -> Watch | None:
-    return cast("Watch | None", getattr(_local, "watch", None))
+    return _current.get()
 
 
 def creating(backend: str, store: Store, make: Callable[[Store], T]) -> T:
-    """``make(s)`` with ``s`` the store a creation of ``backend`` should wait in. Under
-    a watch: gloo's on a worker thread (its own connection, waits sliced) while this
-    thread watches, so a given-up call raises here at once (``DistNetworkError``, which
-    the caller turns into the verdict's error) and leaves the worker to end at the
-    group's timeout; NCCL's in this thread, in the watch's store where its creation
-    reads the store only while it is made (torch 2.15's nccl2: ``docs/design/nccl.md``),
-    else on this thread's plain connection (legacy NCCL keeps its store for native
-    threads of its own, which must not call into Python). Without a watch, on this
-    thread's connection."""
-    import torch.distributed as dist
+    """``make(s)`` with ``s`` the store a creation of ``backend`` should wait in: under
+    a watch, this thread's connection with its waits cut into the watch's slices (a
+    gloo group's rendezvous ends there when the call is given up); NCCL's in the
+    watch's store only where its creation reads the store while it is made (torch
+    2.15's nccl2: ``docs/design/nccl.md``), else on the plain connection (legacy NCCL
+    keeps its store for native threads of its own, which must not call into Python).
+    Without a watch, on this thread's connection.
 
-    from .._compat.nccl import creation_waits_in_given_store
-
+    A construction that has passed its rendezvous connects its pairs in native code
+    that nothing cancels (gloo's ``connectFullMesh``): to a peer whose process ended
+    it fails within seconds (the port refuses; gloo gives up after its retries), to a
+    host that went away in the milliseconds between the rendezvous and the connect it
+    waits for the group's timeout (``docs/design/liveness.md``)."""
     watch = current()
+    conn = thread_store(store)
     if watch is None:
-        return make(thread_store(store))
-    if "nccl" in backend.lower():
-        conn = thread_store(store)
-        return make(watch.store_for(conn) if creation_waits_in_given_store(backend) else conn)
-    handle = workers.submit(lambda: make(watch.store_for(thread_store(store))))
-    conn = watch.ticket.conn
-    while not handle.wait(watch.interval):
-        # Given up: the worker's own waits end at their next slice; only a construction
-        # stuck in native code is left behind.
-        if (
-            watch.cancelled(conn)
-            and not handle.wait(watch.interval + 0.5)
-            and handle.abandon(_destroy_late)
-        ):
-            global abandoned
-            abandoned += 1
-            logger.warning(
-                "fmesh: rank %d leaves a group creation blocked in torch (its thread ends "
-                "at the group's timeout)",
-                watch.ticket.rank,
-            )
-            raise dist.DistNetworkError("fmesh: this call was given up")
-    return handle.result()
-
-
-def _destroy_late(pg: object) -> None:
-    import torch.distributed as dist
-
-    try:
-        dist.destroy_process_group(cast("dist.ProcessGroup", pg))
-    except Exception as err:  # already gone
-        logger.debug("fmesh: destroying a group made after its call was given up: %s", err)
+        return make(conn)
+    if "nccl" in backend.lower() and not creation_waits_in_given_store(backend):
+        return make(conn)
+    return make(watch.store_for(conn))

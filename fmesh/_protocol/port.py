@@ -11,10 +11,12 @@ So a watcher (``links.py``) learns of a death within milliseconds and of a host 
 network that is gone from its own kernel's keepalive, with no process or beat of the
 rank's own.
 
-One daemon thread per process keeps the port usable against whatever reaches it: it
-accepts (epoll, any descriptor number), reads each connection's hello with a
-deadline, keeps the connections that present this port's token (the watchers, told
-apart from strangers) and closes the rest; it holds at most ``MAX_PENDING`` strangers
+One daemon thread per process (started as the process's first watched call ends, or
+once a call has lasted a second: until then the backlog holds what connects) keeps the
+port usable against whatever reaches it: it accepts (epoll,
+any descriptor number), reads each connection's hello with a deadline, keeps the
+connections that present this port's token (the watchers, told apart from strangers)
+and closes the rest; it holds at most ``MAX_PENDING`` strangers
 and ``MAX_WATCHERS`` watchers (the oldest goes first: a watcher whose connection
 closes connects again), so no flood grows its descriptors. An ``accept`` that fails
 for want of descriptors (``EMFILE``) frees a reserved one to take the connection off
@@ -28,6 +30,7 @@ The design and its measurements: ``docs/design/liveness.md``.
 
 from __future__ import annotations
 
+import _thread
 import collections
 import contextlib
 import errno
@@ -138,16 +141,28 @@ class Port:
         self._closed = False
         self.published: object | None = None
         """The store this port's address was published in (once per store)."""
-        self._thread = threading.Thread(target=self._serve, name="fmesh-liveness", daemon=True)
-        self._thread.start()
+        self._starting = threading.Lock()
+        self._serving = False
+        self._ended = False
         self.startup_s = time.perf_counter() - started
-        """Seconds this process spent opening the port and starting its thread."""
+        """Seconds this process spent opening the port."""
 
     # -- what callers ask -------------------------------------------------------------
 
+    def serve(self) -> None:
+        """Start the port's thread if it has not started (until then the kernel keeps
+        what connects in the backlog, and answers it). The caller does not wait for
+        it to run (``_thread``: ``threading`` would)."""
+        with self._starting:
+            if self._serving or self._closed:
+                return
+            self._serving = True
+        _thread.start_new_thread(self._serve, ())
+
     def alive(self) -> bool:
-        """Whether the port is open and its thread runs (this process's own port)."""
-        return not self._closed and self._thread.is_alive() and self.owner == os.getpid()
+        """Whether the port is open, its thread running or yet to start (this
+        process's own port)."""
+        return not self._closed and not self._ended and self.owner == os.getpid()
 
     def held(self) -> tuple[int, int]:
         """(strangers, watchers) whose connections the port holds now."""
@@ -156,12 +171,16 @@ class Port:
     # -- the thread ---------------------------------------------------------------------
 
     def _serve(self) -> None:
-        while not self._closed:
-            try:
-                self._step()
-            except Exception as err:  # never let the port's thread end on a surprise
-                logger.debug("fmesh: liveness port: %s", err)
-                time.sleep(0.05)
+        threading.current_thread().name = "fmesh-liveness"
+        try:
+            while not self._closed:
+                try:
+                    self._step()
+                except Exception as err:  # never let the port's thread end on a surprise
+                    logger.debug("fmesh: liveness port: %s", err)
+                    time.sleep(0.05)
+        finally:
+            self._ended = True
 
     def _step(self) -> None:
         now = time.monotonic()

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 
 from .._compat.interruptible import interruptible_store, peek
 from .._core.errors import MeshMismatchError, PeerLostError
-from . import agreement, arrivals
+from . import agreement, arrivals, port
+from .connections import hardened, thread_store
 from .records import ABORT, Ticket, append, wait_get
 from .ring import Ring
 
@@ -93,6 +94,8 @@ class Watch:
         self._last_read = self.start
         self.ring = Ring(ticket.ranks, ticket.rank, self.silence, self.interval)
         self.ring.due = self.start + min(self.interval, INTERVAL)
+        self._hardening: contextlib.ExitStack | None = None
+        """Open from the call's first second on: its connections' timeout."""
         self._broken = False
         self._given_up = ""
         """Why the other ranks give up on this one ("" while they do not)."""
@@ -102,14 +105,15 @@ class Watch:
 
     # -- the waiting threads ----------------------------------------------------------
 
-    def store_for(self, conn: Store) -> Store:
+    def store_for(self, conn: Store, patient: bool = True) -> Store:
         """``conn`` with its waits cut into slices that end once the call is given up
-        (each slice's end asks ``cancelled`` on ``conn``), and last until then: the
-        call's timeout is the watch's (``arrivals.py``: a rank missing then), not the
-        one a group's rendezvous counts from this rank's own start."""
+        (each slice's end asks ``cancelled`` on ``conn``); ``patient``: they last until
+        then, whatever timeout they are given (the call's timeout is the watch's,
+        ``arrivals.py``: a rank missing then, not the one a group's rendezvous counts
+        from this rank's own start)."""
         why = "fmesh: this call was given up (a rank was lost or failed): waiting stopped"
         return interruptible_store(
-            conn, lambda: self.cancelled(conn), self.interval, why, patient=True
+            conn, lambda: self.cancelled(conn), self.interval, why, patient=patient
         )
 
     def cancelled(self, conn: Store) -> bool:
@@ -122,6 +126,7 @@ class Watch:
         try:
             now = time.monotonic()
             if self.liveness and now >= self.ring.due:
+                self._harden()
                 lost, why, first = self.ring.check(conn, now)
                 if first:  # the call's first read of an address: this interval's read
                     self._last_read = now
@@ -141,6 +146,16 @@ class Watch:
         finally:
             self._lock.release()
         return self._broken
+
+    def _harden(self) -> None:
+        """A call that lasts: its rank's connections to the store get their timeout
+        for the rest of it (``connections.hardened``), and the port its thread."""
+        if self._hardening is None:
+            self._hardening = contextlib.ExitStack()
+            self._hardening.enter_context(hardened(self.ticket.store))
+            p = port.started()
+            if p is not None:
+                p.serve()
 
     def _cut_off(self, err: BaseException) -> None:
         first = (str(err).splitlines() or [type(err).__name__])[0][:200]
@@ -185,7 +200,7 @@ class Watch:
 
         t = self.ticket
         where = f"{t.where} ({t.summary})"
-        conn = t.conn
+        conn = thread_store(t.store)  # this thread's (a worker's, or the caller's)
         try:
             # A creation that waited in native code asked nothing meanwhile: ask now.
             self.cancelled(conn)
@@ -282,6 +297,12 @@ class Watch:
         (``arrivals.leave``: the keys go once every rank is out, the verdict once every
         rank it names has read it)."""
         self.ring.close()
+        if self._hardening is not None:
+            self._hardening.close()
+        if self.liveness:  # the port's thread, once per process, as the call ends
+            p = port.started()
+            if p is not None:
+                p.serve()
         if self._ok:
             with contextlib.suppress(Exception):
                 self.arrivals.tidy(self.ticket.conn)
