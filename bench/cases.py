@@ -115,14 +115,14 @@ INTEROP = (
 DM5 = "init_device_mesh of the 5-d mesh"
 PLAN = f"fmesh plan of torchtitan's recipe, {jobs.PLAN_RANKS} ranks"
 WATCH = (
-    "fmesh's liveness watch while a call creates groups (fmesh/a/.../w/, and each rank's "
-    "sentinel address fmesh/s/<rank>, written once per process): the closing barrier's "
-    "wait and wake, reads of the outcome once a wait passes one interval, the cleanup; "
-    "mean over ranks and watched calls; torch watches nothing"
+    "fmesh's liveness watch while a call creates groups (the call's verdict keys, and "
+    "each rank's port address fmesh/l/<rank>, written once per process and read once by "
+    "its watcher): reads of the verdict once a wait passes one interval; mean over ranks "
+    "and watched calls; torch watches nothing"
 )
 SIM = "N simulated ranks, each its own TCPStore client to one server, in groups of {group}"
 GLOO_CALL = (
-    "fmesh: agreement, peer watch, closing barrier, cleanup, and gloo's rendezvous through "
+    "fmesh: record, peer watch, closing round, cleanup, and gloo's rendezvous through "
     "fmesh's store, creation held {hold}; torch: gloo's rendezvous of the same group"
 )
 WAIT = "every rank waiting in its creation (fmesh's watch at default settings)"
@@ -134,7 +134,7 @@ STORE = (
       f"{SIM}; {GLOO_CALL}; counted on the wire, mean over ranks and calls", "count",
       every_size=True),
     M("store.call.check", "own", "the cross-rank check of a creating call: store requests "
-      "per rank", f"{SIM}; fmesh: agreement, watch, closing barrier and cleanup (keys under "
+      "per rank", f"{SIM}; fmesh: record, watch, closing round and cleanup (keys under "
       "fmesh/); torch: the store barrier each new_group call runs with "
       "TORCH_DIST_INIT_BARRIER=1 (off by default), over the whole world, N/{group} calls for "
       "these groups (measured on {barriers}, scaled)", "count", torch="barrier"),
@@ -184,8 +184,9 @@ CASES: tuple[Case, ...] = (
         M("pure.coordinate", "coordinate", "coordinate of a rank",
           "torch: _compute_coordinate_on_dim, the O(world) search every DeviceMesh "
           "construction and slice runs"),
-        M("pure.coordinate_cached", "coordinate_cached", "coordinate of a rank, torch cached",
-          "torch: get_coordinate() returns the tuple cached at construction"),
+        M("pure.coordinate_cached", "coordinate_cached", "this rank's coordinate, cached",
+          "fmesh: a realized mesh's coordinate (computed once, at realize); torch: "
+          "get_coordinate() returns the tuple cached at construction"),
     ), WORLDS, per_mode=BATCHES, both=True),
     Case("fake", "realize (fake)", "fake", work.build,
          realize_metrics("trainer5", NEW, "init_device_mesh + 3 _flatten calls"),

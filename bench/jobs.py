@@ -59,11 +59,11 @@ def realize(spec: Json) -> Json:
         result["groups"] = torch_ref.group_counters()[0] - groups0
         result["created"] = fmesh.cache_stats().created - created0
         if count:
-            calls, watched, sentinels = by_call(delta(store.key_snapshot(), keys))
+            calls, watched, addresses = by_call(delta(store.key_snapshot(), keys))
             result["requests"] = sum(delta(store.snapshot(), counts).values())
             result["agree"], result["agreements"] = sum(calls.values()), len(calls)
             result["agree_max"] = max(calls.values(), default=0)
-            result["watch"] = sum(watched.values()) + sentinels
+            result["watch"] = sum(watched.values()) + addresses
             result["watches"] = len(watched)
         dist.barrier()
         result["keys"] = raw.num_keys() - keys0 if rank == 0 else 0

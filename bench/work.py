@@ -175,6 +175,7 @@ def pure(spec: Json) -> Json:
     fresh = itertools.count()
     dm_dp = dm["dp_replicate", "dp_shard"]
     dm_world = torch_ref.mesh_without_groups(world, (world,), ("world",))
+    realized = fmesh.realize(fm)  # this rank's groups only, on the fake backend
     # fmt: off
     ops: dict[str, Pair] = {
         "construct": (lambda: fmesh.make_mesh(sizes),
@@ -188,7 +189,7 @@ def pure(spec: Json) -> Json:
                       lambda: torch_ref.OPS.unflatten(dm_world, shape, NAMES), 10_000),
         "coordinate": (lambda: fmesh.coordinate(fm, 0),
                        lambda: torch_ref.coordinate_uncached(dm), 10_000),
-        "coordinate_cached": (lambda: fmesh.coordinate(fm, 0), dm.get_coordinate, 10_000),
+        "coordinate_cached": (lambda: realized.coordinate, dm.get_coordinate, 10_000),
     }
     # fmt: on
     return interleaved(ops, repeats, target, lambda: torch_ref.clear_flattens(dm))

@@ -281,8 +281,10 @@ def test_a_timeout_racing_the_last_arrival_finds_the_call_done() -> None:
 
 
 def test_census_of_many_ranks_reads_the_list_once() -> None:
-    """32 ranks, 3 never come: each waiting rank raises naming exactly those three,
-    and the list of ranks present is read by one rank, once."""
+    """32 ranks, 3 never come: each waiting rank raises naming those three, every
+    rank the same ranks (one verdict), and the list of ranks present is read by one
+    rank, once. (A rank that is there but gets no CPU for the census's grace, 4 s here,
+    is named too: 29 threads of one process on a loaded machine can be.)"""
     _master, port = _store_port()
     world, missing = 32, (5, 17, 30)
     stores = {r: OwnClient(_tcp(port)) for r in range(world) if r not in missing}
@@ -292,9 +294,14 @@ def test_census_of_many_ranks_reads_the_list_once() -> None:
         return lambda: call(stores[r], r, world, 1, timeout=timeout)
 
     outs = _run_threads({r: play(r) for r in stores})
+    named = set()
     for r, out in outs.items():
         assert out["error"], (r, out)
-        assert "ranks [5, 17, 30] never reached call #1" in out["message"], out
+        found = re.search(r"ranks \[([\d, ]+)\] never reached call #1", out["message"])
+        assert found, out
+        named.add(found.group(1))
+    (ranks,) = named
+    assert {5, 17, 30} <= {int(r) for r in ranks.split(", ")}, ranks
     assert sum(s.key_reads("/arr") for s in stores.values()) == 1
 
 

@@ -263,6 +263,36 @@ def death_in_creation_job(
 # -- parent side ----------------------------------------------------------------------------
 
 
+def mesh_pairs() -> fmesh.Mesh:
+    """Axis ``x`` pairs ranks [0, 1] and [2, 3]; ``y`` pairs [0, 2] and [1, 3]."""
+    return fmesh.make_mesh({"x": 2, "y": 2}, ranks=(0, 2, 1, 3))
+
+
+def retry_job(rank: int, world: int) -> dict[str, Any]:
+    """Ranks 1-3 realize the pairs mesh while rank 0, late, realizes B: ranks 2 and 3
+    create x's group [2, 3] before rank 0's record shows the disagreement, and rank 1
+    starts x's [0, 1]. Then every rank realizes the pairs mesh again (rank 3 a moment
+    after rank 2, so that rank 2 would read whatever rank 3 left of the failed call),
+    and sums over each axis."""
+    import torch
+    import torch.distributed as dist
+
+    store = _start(rank)
+    if rank == 0:
+        time.sleep(1.5)
+    first = _attempt(lambda: fmesh.realize(mesh_b() if rank == 0 else mesh_pairs()))
+    _barrier(store, "failed", range(world), rank)
+    if rank == 3:
+        time.sleep(1.0)
+    realized = fmesh.realize(mesh_pairs())
+    sums = {}
+    for axis in ("x", "y"):
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=realized.group(axis))
+        sums[axis] = t.item()
+    return {"first": first, "sums": sums, "created": realized.created}
+
+
 def _values(job: Job) -> list[dict[str, Any]]:
     return cast("list[dict[str, Any]]", job.values())
 
@@ -390,3 +420,17 @@ def test_peer_that_exits_during_group_creation_is_reported(tmp_path: Path) -> No
     for rank in (0, 3):
         group = fmesh.group(mesh_a(), "dp" if rank == 0 else "tp", rank)
         assert f"creating the group {list(group)}" in outs[rank]["message"]
+
+
+def test_groups_made_by_a_failed_call_are_made_anew_by_the_next(tmp_path: Path) -> None:
+    # Each group's rendezvous keys are named by the call that makes it: the second
+    # call's [2, 3] never meets the address rank 3 left under the failed one's.
+    outs = _values(run_spawn(retry_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT))
+    for rank, out in enumerate(outs):
+        assert out["first"]["error"], (rank, out)
+        assert "disagree at realize call #" in out["first"]["message"], out
+        assert out["created"] == 2, (rank, out)
+        expected = {
+            axis: float(sum(fmesh.group(mesh_pairs(), axis, rank))) for axis in ("x", "y")
+        }
+        assert out["sums"] == expected, (rank, out)

@@ -192,11 +192,16 @@ def test_a_late_rank_past_the_timeout_is_named_and_keys_are_removed(interval: fl
 
 def test_a_short_wait_costs_what_it_did() -> None:
     """At the default interval, a call whose ranks come within seconds makes no
-    request of the list of ranks present: 3 requests a rank."""
-    results, clients, _master = _play(4, {2: 1.0})
+    request of the list of ranks present: 3 requests a rank (the record, the count, the
+    wait), and a read of the verdict and another slice of the wait for each slice (1 s)
+    that ends before the last rank comes: none here on an idle machine."""
+    results, clients, _master = _play(4, {2: 0.3})
     assert all(v is None for v in results.values()), results
     assert all(c.count("*", "/arr") == c.count("*", "/late") == 0 for c in clients.values())
-    assert max(len(c.ops) for c in clients.values()) <= 4, {
+    assert max(len(c.ops) for c in clients.values()) <= 5, {
+        r: c.ops for r, c in clients.items()
+    }
+    assert min(len(c.ops) for c in clients.values()) == 3, {
         r: c.ops for r, c in clients.items()
     }
 

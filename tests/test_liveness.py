@@ -560,3 +560,57 @@ def cost_off_job(rank: int, world: int) -> dict[str, Any]:
     """The same calls with the watch off: the groups' own descriptors alone."""
     os.environ["FMESH_PEER_WATCH"] = "0"
     return cost_job(rank, world)
+
+
+def _user_timeouts_to(port_number: int) -> list[int]:
+    """TCP_USER_TIMEOUT (ms) of each of this process's TCP connections to the port."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))
+            with sock:
+                if (
+                    sock.family in (socket.AF_INET, socket.AF_INET6)
+                    and sock.type == socket.SOCK_STREAM
+                ):
+                    with contextlib.suppress(OSError):
+                        if sock.getpeername()[1] == port_number:
+                            out.append(
+                                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+                            )
+    return out
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="no TCP_USER_TIMEOUT")
+def test_a_call_hardens_the_store_connections_among_unix_and_listening_sockets() -> None:
+    # A process holds Unix sockets (a data loader's pipes), listening and UDP sockets
+    # beside its store client: the call's hardening finds the client's connections and
+    # nothing else, gives them back the kernel's default after, and keeps no descriptor.
+    from fmesh._protocol import connections
+
+    tcp: Any = dist.TCPStore  # type: ignore[attr-defined]  # implicit re-export
+    server = tcp(
+        "127.0.0.1", 0, 1, True, datetime.timedelta(seconds=10), wait_for_workers=False
+    )
+    client = tcp("127.0.0.1", server.port, 1, False, datetime.timedelta(seconds=10))
+    pair = socket.socketpair(socket.AF_UNIX)
+    listening = socket.create_server(("127.0.0.1", 0))
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        assert _user_timeouts_to(server.port) and set(_user_timeouts_to(server.port)) == {0}
+        fds = len(os.listdir("/proc/self/fd"))
+        with connections.hardened(client):
+            during = _user_timeouts_to(server.port)
+        after = _user_timeouts_to(server.port)
+        # It works on duplicates of the connections, closed after: none is left.
+        assert len(os.listdir("/proc/self/fd")) == fds
+    finally:
+        for sock in (*pair, listening, udp):
+            sock.close()
+    expected = int(connections.USER_TIMEOUT * 1000)
+    # The server's side of each connection is the other end (its peer port differs);
+    # this process's clients are the ones whose peer is the server's port.
+    assert expected in during, during
+    assert set(after) == {0}, after

@@ -221,10 +221,10 @@ def _check_survivors(job: Job, deaths: dict[int, int], bound: float) -> None:
         assert out["elapsed"] < bound, (o.rank, out)
         assert out["memo_extra"] == 0, (o.rank, out)
         assert out["threads_extra"] == [], (o.rank, out)
-        # A link to the next live rank on the ring, kept for later calls, the port's
-        # end of a watcher's new link, and a store connection of a worker the failed
-        # call started: no more (descriptors of its groups are gone with them).
-        assert out["fds_extra"] <= 3, (o.rank, out)
+        # A link to the next live rank on the ring, kept for later calls, and the
+        # port's end of a watcher's new link: no more (descriptors of its groups are
+        # gone with them, and the call's hold on the store connections ended).
+        assert out["fds_extra"] <= 2, (o.rank, out)
         # The failed call's verdict (for the dead, who never read it), and per stream
         # the last call that ended well's count and "ok" (its next call removes them).
         calls = out["keys_left"]

@@ -65,15 +65,15 @@ class MeshMismatchError(MeshError):
 
 @final
 class PeerLostError(MeshMismatchError, RuntimeError):
-    """A rank that a realize call waited for died after the ranks agreed on the call
-    (before its groups were all made); raised on every surviving rank of the call.
+    """A rank that a realize call waited for died while the call's ranks created their
+    groups; raised on every surviving rank of the call.
 
     ``lost`` holds the lost ranks, ascending. The call made no group on any survivor:
     call ``fmesh.recover`` and carry on without the lost ranks. Also a
     ``RuntimeError``, the class of torch's own store and connection errors. A rank
-    the others declared lost while it lived (its liveness sentinel was killed, or cut
-    off from its watcher) raises it too, with ``lost`` naming itself and a message
-    that says it was given up on and why.
+    the others declared lost while it lived (its host or network silent to its watcher,
+    or itself cut off from the store) raises it too, with ``lost`` naming itself and a
+    message that says it was given up on and why.
     """
 
     __module__ = "fmesh"

@@ -118,6 +118,10 @@ def open_call(
         ) from err
     first = Entry.parse(got) or entry
     ticket = Ticket(store, conn, rank, ranks, prefix, where, entry, record, first)
+    if first.gave_up and first.number == entry.number:  # the others gave up before
+        late = timeout_error(conn, ticket, _GRACE)
+        leave(ticket, named=True, lost=())  # it read the verdict that names it
+        raise late
     if first.number != entry.number or first.code != entry.code:
         if peek(conn, prefix + "end") in (b"census", b"timeout"):
             # The others gave up on this call at its timeout before this rank came.

@@ -32,6 +32,8 @@ import math
 import time
 from typing import TYPE_CHECKING
 
+import attrs
+
 from .._compat.interruptible import peek
 from .._core.errors import MeshMismatchError
 from .records import ABORT, POISON, Ticket, append, wait_get
@@ -191,6 +193,11 @@ class Arrivals:
             "raises at its next realize call that creates groups). " + MISSING_HELP,
         )
         conn.compare_set(p + "end", "census", "timeout")
+        # The stream's record says so too: a rank that comes later reads it in the
+        # answer to its own record's request, before it creates anything.
+        stream = p[: p.rstrip("/").rfind("/") + 1]
+        marked = attrs.evolve(t.first, gave_up=True)
+        conn.compare_set(stream + "c", t.first.text(), marked.text())
         return True
 
     def verdict(self, conn: Store) -> MeshMismatchError:

@@ -46,9 +46,10 @@ USER_TIMEOUT = 20.0
 _local = threading.local()
 _generation = [0]
 _lock = threading.Lock()
-_found: dict[tuple[str, int], list[tuple[int, str, socket.socket]]] = {}
-"""Per store address: this process's connections to it (descriptor, socket identity, a
-socket object on a duplicate of the descriptor), found once."""
+_found: dict[tuple[str, int], list[tuple[int, str]]] = {}
+"""Per store address: this process's connections to it (descriptor, socket identity),
+found once; each call works on duplicates of them, closed when it ends, so a process
+holds no descriptor more between calls."""
 
 
 def forget_connections() -> None:
@@ -57,9 +58,6 @@ def forget_connections() -> None:
     default process group), whose store may be another one at the same address."""
     _generation[0] += 1
     with _lock:
-        for found in _found.values():
-            for _, _, sock in found:
-                sock.close()
         _found.clear()
 
 
@@ -96,7 +94,7 @@ def new_connection(store: Store) -> Store:
                     with contextlib.suppress(OSError):
                         sock = socket.socket(fileno=os.dup(fd))
                         with sock:
-                            if sock.getpeername()[1] == address[1]:
+                            if _peer_port(sock) == address[1]:
                                 _set_timeout(sock, USER_TIMEOUT)
     return clone
 
@@ -112,18 +110,20 @@ def hardened(store: Store) -> Iterator[None]:
         return
     with _lock:
         found = _found.get(address)
-        if found is None or not all(_same(fd, name) for fd, name, _ in found):
-            for _, _, sock in found or ():
-                sock.close()
+        if found is None or not all(_same(fd, name) for fd, name in found):
             found = _found[address] = _connections_to(address)
-        socks = [sock for _, _, sock in found]
-    for sock in socks:
-        _set_timeout(sock, USER_TIMEOUT)
+        socks = []
+        for fd, _ in found:
+            with contextlib.suppress(OSError):
+                socks.append(socket.socket(fileno=os.dup(fd)))
     try:
+        for sock in socks:
+            _set_timeout(sock, USER_TIMEOUT)
         yield
     finally:
         for sock in socks:
             _set_timeout(sock, 0.0)
+            sock.close()
 
 
 hardened_count = [0]
@@ -137,7 +137,7 @@ def _set_timeout(sock: socket.socket, seconds: float) -> None:
             hardened_count[0] += 1
 
 
-def _connections_to(address: tuple[str, int]) -> list[tuple[int, str, socket.socket]]:
+def _connections_to(address: tuple[str, int]) -> list[tuple[int, str]]:
     """This process's TCP connections to ``address``'s port (the store's clients)."""
     out = []
     for fd, name in _sockets().items():
@@ -145,14 +145,21 @@ def _connections_to(address: tuple[str, int]) -> list[tuple[int, str, socket.soc
             sock = socket.socket(fileno=os.dup(fd))
         except OSError:
             continue
-        try:
-            if sock.type == socket.SOCK_STREAM and sock.getpeername()[1] == address[1]:
-                out.append((fd, name, sock))
-                continue
-        except OSError:  # not connected (a listening socket, say)
-            pass
-        sock.close()
+        with sock:
+            if _peer_port(sock) == address[1]:
+                out.append((fd, name))
     return out
+
+
+def _peer_port(sock: socket.socket) -> int | None:
+    """The remote port of a connected TCP socket; ``None`` for anything else (a Unix
+    socket, say a data loader's pipe, whose peer name is a path; a listening socket)."""
+    if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+        return None
+    try:
+        return int(sock.getpeername()[1])
+    except OSError:  # not connected
+        return None
 
 
 def _same(fd: int, name: str) -> bool:

@@ -66,19 +66,24 @@ class Entry:
     code: int
     rank: int
     names: str = ""
+    gave_up: bool = False
+    """The stream's record of a call the others gave up on at its timeout (``!`` in
+    front): a rank that comes to it later learns so from its own record's request."""
 
     def text(self) -> str:
-        return f"{self.number}|{self.code:x}|{self.rank}|{self.names[:_MAX_NAMES]}"
+        mark = "!" if self.gave_up else ""
+        return f"{mark}{self.number}|{self.code:x}|{self.rank}|{self.names[:_MAX_NAMES]}"
 
     @classmethod
     def parse(cls, raw: bytes | str) -> Entry | None:
         """The entry in ``raw``, or ``None`` if it is none (no record there yet)."""
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-        parts = text.split("|", 3)
+        gave_up = text.startswith("!")
+        parts = text.removeprefix("!").split("|", 3)
         if len(parts) != 4:
             return None
         try:
-            return cls(int(parts[0]), int(parts[1], 16), int(parts[2]), parts[3])
+            return cls(int(parts[0]), int(parts[1], 16), int(parts[2]), parts[3], gave_up)
         except ValueError:
             return None
 

@@ -237,8 +237,15 @@ def _shrunk(key: GroupKey) -> ProcessGroup | None:
     return None
 
 
-def _group_name(ranks: tuple[int, ...], backend: str, options_id: int) -> str:
-    name = f"fmesh_g{state.generation}_{ranks_digest(ranks, backend, options_id)[:20]}"
+def _group_name(
+    ranks: tuple[int, ...], backend: str, options_id: int, call: str | None = None
+) -> str:
+    """The group's name, which is also its rendezvous keys' prefix in the store. Under
+    an agreed call it names the call too (every member makes the same call): a call
+    that failed may have left a member's address under the name (a peer that saw the
+    failure first never connected), and the next attempt must not read it."""
+    parts = (backend, options_id) if call is None else (backend, options_id, call)
+    name = f"fmesh_g{state.generation}_{ranks_digest(ranks, *parts)[:20]}"
     # A group made again after the first died gets a name (and rendezvous keys) of its
     # own; every member forgot the dead one alike.
     again = state.reborn.get((ranks, backend, options_id), 0)
@@ -259,7 +266,7 @@ def _new_group(
     """Create one group with ranks in coordinate order, explaining failures."""
     from .._compat import default_store, memory_store, new_named_group
 
-    name = _group_name(ranks, backend, options_id)
+    name = _group_name(ranks, backend, options_id, None if ticket is None else ticket.prefix)
     try:
         if len(ranks) == 1:
             # A group of one meets nobody: rendezvous in a store of its own, in memory.
@@ -269,8 +276,8 @@ def _new_group(
         if ticket is None:
             return new_named_group(ranks, me, backend, options, timeout, name, desc, None)
         # The rendezvous waits in the store, each thread on a connection of its own;
-        # under the call's watch its waits end when the call is given up, and gloo's
-        # construction runs on a worker (its pairs connect in native code that nothing
+        # under the call's watch its waits are sliced in this thread and end when the
+        # call is given up (gloo's pairs then connect in native code that nothing
         # cancels): _protocol/liveness.creating.
         return liveness.creating(
             backend,

@@ -51,11 +51,12 @@ def realize(
     whatever thread makes them (per stream inside [`fmesh.stream`][fmesh.stream] blocks).
     A call that creates nothing (every axis realized before in the stream, with a group
     torch still holds, or served by the default group) is a local lookup: no store
-    request, no peer. A call that creates groups first agrees with every rank, so ranks
-    that disagree raise instead of hanging. A group destroyed or aborted since is made
-    afresh (agreed as usual). If no default process group exists, one is initialized from
-    the torchrun environment: with ``backend`` when it is a single string, else NCCL
-    with a bound device when CUDA is available and gloo otherwise.
+    request, no peer. A call that creates groups checks its call against the first
+    rank's before it creates a group, and ends once every rank has made its groups, so
+    ranks that disagree raise instead of hanging. A group destroyed or aborted since is
+    made afresh (agreed as usual). If no default process group exists, one is
+    initialized from the torchrun environment: with ``backend`` when it is a single
+    string, else NCCL with a bound device when CUDA is available and gloo otherwise.
 
     Args:
         mesh: the mesh to realize.
@@ -87,13 +88,13 @@ def realize(
             through fmesh (the drop-in, ``-m fmesh.route``) is not, as torch is not:
             there ranks agree on the groups only, and axis names that differ are a
             warning.
-        PeerLostError: a rank died after every rank agreed on the call, before its
-            groups were all made; every surviving rank raises it within seconds
-            (5 to 10 s at default settings, 30 s at most), keeping no group of the
-            call. Call ``fmesh.recover`` to carry on without it. A rank the others gave
-            up on while it lived (its liveness sentinel was killed) raises it too,
-            naming itself. A rank that is only slow (stopped, a thread holding the
-            GIL) is waited for, as torch does.
+        PeerLostError: a rank died while the call's ranks created their groups;
+            every surviving rank raises it within seconds (typically 4 to 6 s at
+            default settings, 30 s at most), keeping no group of the call. Call
+            ``fmesh.recover`` to carry on without it. A rank the others gave up on
+            while it lived (its host or network silent for 8 s, or itself cut off from
+            the store) raises it too, naming itself. A rank that is only slow
+            (stopped, frozen, a thread holding the GIL) is waited for, as torch does.
         LaunchError: no process group and no usable torchrun environment.
         MeshError: the mesh needs ranks the world does not have; an unknown backend;
             a non-positive timeout.
@@ -123,7 +124,7 @@ def _carry_out(args: Arguments) -> RealizedMesh:
         if slot.repeat is not None:
             return slot.repeat
         start = time.perf_counter()
-        liveness.warm()  # this process's sentinel starts while the call is laid out
+        liveness.warm()  # this process's liveness port opens while the call is laid out
         call = expand(args)
         groups, created = create_groups(call)
         realized = RealizedMesh(
