@@ -93,7 +93,7 @@ def fmesh_call(
         assert watch is not None  # among several ranks
         try:
             try:
-                # Not patient: the hold standing for a creation is a wait that times out.
+                # Not patient: the find phase's hold is a wait that times out.
                 create(watch.store_for(ticket.conn, patient=False))
             except Exception as err:
                 found = watch.error("creating a group", err)
@@ -151,8 +151,12 @@ def one_call(phase: str, client: OwnClient, r: int, tag: str, spec: Json) -> Non
         import torch.distributed as dist
 
         rendezvous(store, backend, prefix, members, r)
-        if impl == "find":
-            client.inner.add(f"bench/{tag}/in", 1)  # uncounted: the bench's own
+        if impl != "find":  # the rest of a creation is native code: no store request
+            time.sleep(hold)
+            return
+        # A rank waiting in its creation for a peer that dies: in the store, where the
+        # call's watch ends its wait.
+        client.inner.add(f"bench/{tag}/in", 1)  # uncounted: the bench's own
         with contextlib.suppress(dist.DistStoreError):  # the end of the hold
             store.wait([prefix + "never"], datetime.timedelta(seconds=hold))
 
