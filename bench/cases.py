@@ -30,7 +30,8 @@ TITAN_K: PerMode = {"full": 7, "quick": 3, "smoke": 2}
 TITAN_TORCH_K: PerMode = {"full": (7, 3), "quick": (3, 2)}
 """Fresh processes per size; torch's build at 2^17 takes seconds: fewer there."""
 THREE: PerMode = {"full": 3}
-GLOO_REPEATS: PerMode = {"full": (7, 5, 3)}
+GLOO_REPEATS: PerMode = {"full": (7, 5, 5)}
+"""Jobs per gloo size: medians of at least 5."""
 BATCHES = {"full": {"repeats": 9, "target_s": 0.03}, "quick": {"repeats": 3, "target_s": 0.02},
            "smoke": {"repeats": 2, "target_s": 0.002}}
 """Timed batches of a repeated call (pure ops, to_device_mesh, the drop-in), and the
@@ -277,7 +278,7 @@ CASES: tuple[Case, ...] = (
           "recover, shrink along dp, realize among survivors, retry the step (collective "
           f"timeout {jobs.COLLECTIVE_S:g} s, recover timeout {jobs.RECOVER_S:g} s)",
           skipped="no in-process recovery"),
-    ), {mode: ((2, 2, 2),) for mode in MODES}, THREE, impls=("fmesh",), timeout_s=120.0,
+    ), {mode: ((2, 2, 2),) for mode in MODES}, {"full": 5}, impls=("fmesh",), timeout_s=120.0,
          may_die=(jobs.VICTIM,)),
     Case("memory", "memory", "fake", work.roots, (
         M("memory.roots.growth", "growth",
@@ -310,7 +311,7 @@ CASES: tuple[Case, ...] = (
       for key, spmd in (("fake", "spmd_types"), ("partial_dtensor", "partial_dtensor"))),
     Case("titan", "torchtitan (gloo)", "gloo", work.build,
          titan_metrics("gloo", "real gloo, slowest rank"),
-         {"full": (4, 8, 16), "quick": (4,), "smoke": (4,)}, {"full": 2},
+         {"full": (4, 8, 16), "quick": (4,), "smoke": (4,)}, {"full": 5},
          spec={"what": "torchtitan", "spmd": "spmd_types", "creation": True}),
     Case("plan", "plan (fake)", "fake", jobs.plan, (
         M("plan.titan.seconds", "seconds", f"{PLAN}, wall time",

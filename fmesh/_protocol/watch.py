@@ -36,6 +36,8 @@ from .records import ABORT, Ticket, append, wait_get
 from .ring import Ring
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .._compat import Store
 
 __all__ = ["GRACE", "INTERVAL", "RATE", "SILENCE", "Watch", "given_up", "settings"]
@@ -248,10 +250,15 @@ class Watch:
             time.sleep(min(0.2, self.interval))
         return ""
 
-    def finish(self, timeout: datetime.timedelta) -> None:
+    def finish(
+        self, timeout: datetime.timedelta, meanwhile: Callable[[], object] | None = None
+    ) -> None:
         """The closing round: count this rank out; the last rank out sets ``ok`` (and
         removes the stream's previous call's keys), the others wait for it; raise if
-        the call was given up."""
+        the call was given up. ``meanwhile`` runs once this rank is counted (before
+        its wait, after the last rank's ``ok``): what the caller makes of the call's
+        groups is made while the slowest rank finishes, not after it, by every rank
+        at once on the host's CPUs."""
         import torch.distributed as dist
 
         t, conn = self.ticket, self.ticket.conn
@@ -264,8 +271,13 @@ class Watch:
                     conn.set(self.p + "ok", "1")
                     self._ok = True
                     arrivals.clean_previous(t, last=True)
+                    if meanwhile is not None:
+                        meanwhile()
                     return
                 if v < self.n:
+                    self._serve()
+                    if meanwhile is not None:
+                        meanwhile()
                     # Nobody but the last rank touches "ok": a wait that returns found it.
                     self.store_for(conn).wait([self.p + "ok"], timeout)
                     self._ok = True
@@ -292,6 +304,14 @@ class Watch:
                 conn.compare_set(self.p + "end", "", f"fail:rank {self.ticket.rank}: {first}")
         self._broken = True
 
+    def _serve(self) -> None:
+        """The port's thread, once per process, started as the first watched call waits
+        for its last rank (or ends)."""
+        if self.liveness:
+            p = port.started()
+            if p is not None:
+                p.serve()
+
     def close(self) -> None:
         """Keepalive off on the link; after a failure, count this rank out of the call
         (``arrivals.leave``: the keys go once every rank is out, the verdict once every
@@ -299,10 +319,7 @@ class Watch:
         self.ring.close()
         if self._hardening is not None:
             self._hardening.close()
-        if self.liveness:  # the port's thread, once per process, as the call ends
-            p = port.started()
-            if p is not None:
-                p.serve()
+        self._serve()
         if self._ok:
             with contextlib.suppress(Exception):
                 self.arrivals.tidy(self.ticket.conn)

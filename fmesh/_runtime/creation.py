@@ -26,6 +26,8 @@ from .hooks import run_creating_call_hooks
 from .memo import state
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torch.distributed import ProcessGroup
 
     from .call import Call
@@ -35,11 +37,15 @@ __all__ = ["create_groups"]
 logger = logging.getLogger("fmesh")
 
 
-def create_groups(call: Call) -> tuple[dict[str, ProcessGroup], int]:
+def create_groups(
+    call: Call, meanwhile: Callable[[dict[str, ProcessGroup], int], object] | None = None
+) -> tuple[dict[str, ProcessGroup], int]:
     """Carry out ``call``: put its record in if it creates groups, then this rank's
     group along every axis under the call's watch, and the closing round. Returns
     (axis name -> group, how many groups it created); on failure, forgets and destroys
-    the groups it created, and raises."""
+    the groups it created, and raises. ``meanwhile(groups, created)`` runs once the
+    groups exist, before the closing round's wait where there is one (what it makes
+    is dropped if the call then fails)."""
     from .._compat import default_timeout
 
     world, timeout = call.world, call.args.timeout
@@ -50,8 +56,14 @@ def create_groups(call: Call) -> tuple[dict[str, ProcessGroup], int]:
     ticket = _open(call)
     groups: dict[str, ProcessGroup] = {}
     made: list[ProcessGroup] = []
+
+    def then() -> None:
+        if meanwhile is not None:
+            meanwhile(groups, len(made))
+
     if ticket is None:
         _create(call, None, groups, made)
+        then()
         return groups, len(made)
     first = any(collective(r, world) for r in call.requests)
     with liveness.watching(ticket, patience, timeout) as watch:
@@ -62,7 +74,9 @@ def create_groups(call: Call) -> tuple[dict[str, ProcessGroup], int]:
             if watch is not None and not first:
                 # Every peer's creation of each group is bounded by the timeout, and a
                 # peer that fails or dies says so at once: wait for the slowest.
-                watch.finish(patience * (len(call.requests) + 1))
+                watch.finish(patience * (len(call.requests) + 1), then)
+            else:
+                then()
         except BaseException as err:
             if watch is not None and not isinstance(err, PeerLostError):
                 watch.fail(err)

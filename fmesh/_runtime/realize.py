@@ -16,7 +16,7 @@ import datetime
 import logging
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from .._protocol import liveness
@@ -27,6 +27,8 @@ from .realized_mesh import RealizedMesh
 from .turns import turn
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
     from .._compat import BackendOptions
     from .._core.mesh import Mesh
 
@@ -108,17 +110,26 @@ def realize_for_torch(
     backend: str | Mapping[str, str | None] | None = None,
     options: BackendOptions | Mapping[str, BackendOptions | None] | None = None,
     timeout: datetime.timedelta | None = None,
+    prepare: Callable[[RealizedMesh], object] | None = None,
 ) -> RealizedMesh:
     """``realize`` for torch's API (the drop-in ``init_device_mesh``, torch's DeviceMesh
     methods on fmesh's meshes, ``-m fmesh.route``): as lenient as torch, whose group
     creation depends only on the groups asked for. The ranks agree on what determines
     the groups (layouts, rank map, backends, options), not on the axis names (the
     protocol compares them apart: a warning where they differ) nor on the memo hits
-    made before, which create nothing and join no history (``Turn.lenient``)."""
-    return _carry_out(checked(mesh, backend, options, timeout, False, lenient=True))
+    made before, which create nothing and join no history (``Turn.lenient``).
+
+    ``prepare(realized)``, for a call that creates groups: what the caller builds of
+    the result (a DeviceMesh), made while the slowest rank finishes (before the
+    closing round's wait); dropped if the call then fails. Not called for a memo hit.
+    """
+    args = checked(mesh, backend, options, timeout, False, lenient=True)
+    return _carry_out(args, prepare)
 
 
-def _carry_out(args: Arguments) -> RealizedMesh:
+def _carry_out(
+    args: Arguments, prepare: Callable[[RealizedMesh], object] | None = None
+) -> RealizedMesh:
     mesh = args.mesh
     with turn(args) as slot:
         if slot.repeat is not None:
@@ -126,14 +137,23 @@ def _carry_out(args: Arguments) -> RealizedMesh:
         start = time.perf_counter()
         liveness.warm()  # this process's liveness port opens while the call is laid out
         call = expand(args)
-        groups, created = create_groups(call)
-        realized = RealizedMesh(
-            mesh=mesh,
-            rank=call.world.rank,
-            coordinate=call.coordinate,
-            groups=types.MappingProxyType(groups),
-            created=created,
-        )
+        made: list[RealizedMesh] = []
+
+        def meanwhile(groups: dict[str, ProcessGroup], created: int) -> None:
+            made.append(
+                RealizedMesh(
+                    mesh=mesh,
+                    rank=call.world.rank,
+                    coordinate=call.coordinate,
+                    groups=types.MappingProxyType(groups),
+                    created=created,
+                )
+            )
+            if prepare is not None:
+                prepare(made[0])
+
+        groups, created = create_groups(call, meanwhile)
+        (realized,) = made
         slot.kept = (call, realized)  # kept for the fast repeat as the turn ends
         run_realized_hooks(mesh, groups)
         logger.info(

@@ -20,13 +20,14 @@ from .._runtime.checks import check_backend, check_device_type, check_timeout
 from .._runtime.groups import describing_groups
 from .._runtime.launch import ensure_default_group
 from .._runtime.realize import realize_for_torch
-from .interop import new_root
+from .interop import Root, adopt_root, build_root
 from .routing import axis_names, group_descs, realizing_torch_roots
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from .._compat import BackendOptions
+    from .._runtime.realized_mesh import RealizedMesh
 
 __all__ = ["init_device_mesh"]
 
@@ -155,21 +156,33 @@ def init_device_mesh(
             backend[name] = check_backend(b, "init_device_mesh() backend_override")
         if o is not None:
             options[name] = o
+    built: list[tuple[Root, DeviceMesh]] = []
+
+    def build(realized: RealizedMesh) -> None:
+        built.append(
+            build_root(
+                realized.mesh,
+                realized.groups,
+                device_type,
+                unnamed=torch_names is None,
+                timeout=timeout,
+                names=None if torch_names == names else torch_names,
+            )
+        )
+
     with realizing_torch_roots(), describing_groups(descs.__getitem__):
+        # A call that creates groups builds the DeviceMesh while its slowest rank
+        # finishes; a memo hit, after.
         realized = realize_for_torch(
             _mesh(shape, names),
             backend=backend or None,
             options=options or None,
             timeout=timeout,
+            prepare=build,
         )
-    return new_root(
-        realized.mesh,
-        realized.groups,
-        device_type,
-        unnamed=torch_names is None,
-        timeout=timeout,
-        names=None if torch_names == names else torch_names,
-    )
+    if not built:
+        build(realized)
+    return adopt_root(built[0], device_type)
 
 
 _mesh = functools.lru_cache(maxsize=64)(make_mesh)

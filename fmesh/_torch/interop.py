@@ -36,8 +36,9 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = [
+    "adopt_root",
+    "build_root",
     "is_flatten_of",
-    "new_root",
     "note_realized",
     "to_device_mesh",
 ]
@@ -252,7 +253,7 @@ def to_device_mesh(
     return dm
 
 
-def new_root(
+def build_root(
     mesh: Mesh,
     groups: Mapping[str, ProcessGroup],
     device_type: str,
@@ -260,23 +261,29 @@ def new_root(
     unnamed: bool,
     timeout: datetime.timedelta | None = None,
     names: tuple[Any, ...] | None = None,
-) -> DeviceMesh:
+) -> tuple[Root, DeviceMesh]:
     """A new root DeviceMesh of ``mesh`` (one instance, realized on this rank with
-    ``groups``), as every call of torch's ``init_device_mesh`` makes one: the roots
-    of one rank space share its rank map and fmesh's groups, not their flattens.
-    Roots with a ``timeout`` share a rank map of their own: the groups torch's
-    methods make under them get it. ``names``: the DeviceMesh's dim names where they
-    are not ``mesh``'s axis names (torch accepts any names, ``""`` and non-str
-    included)."""
+    ``groups``), as every call of torch's ``init_device_mesh`` makes one, made but not
+    yet known to the memo (the drop-in makes it while its call's slowest rank
+    finishes; ``adopt_root`` once the call ended well): the roots of one rank space
+    share its rank map and fmesh's groups, not their flattens. Roots with a
+    ``timeout`` share a rank map of their own: the groups torch's methods make under
+    them get it. ``names``: the DeviceMesh's dim names where they are not ``mesh``'s
+    axis names (torch accepts any names, ``""`` and non-str included)."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
     coordinate = coordinate_of(mesh, rank)
     dim_groups = _groups(mesh, coordinate, groups)
-    root, dm = _make(mesh, device_type, rank, None, unnamed, dim_groups, timeout, names)
-    wk = world_key(mesh)
+    return _make(mesh, device_type, rank, None, unnamed, dim_groups, timeout, names)
+
+
+def adopt_root(built: tuple[Root, DeviceMesh], device_type: str) -> DeviceMesh:
+    """A root made by ``build_root`` joins its rank space's roots: its DeviceMesh."""
+    root, dm = built
+    wk = world_key(root.mesh)
     with state.lock:
-        _live(state.roots.setdefault((wk, device_type, unnamed), [])).append(root)
+        _live(state.roots.setdefault((wk, device_type, root.unnamed), [])).append(root)
     _sync_flattens(wk)
     return dm
 
