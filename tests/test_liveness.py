@@ -603,6 +603,9 @@ def test_a_call_hardens_the_store_connections_among_unix_and_listening_sockets()
         fds = len(os.listdir("/proc/self/fd"))
         with connections.hardened(client):
             during = _user_timeouts_to(server.port)
+            with connections.hardened(client):  # another call of the process meanwhile
+                pass
+            still = _user_timeouts_to(server.port)
         after = _user_timeouts_to(server.port)
         # It works on duplicates of the connections, closed after: none is left.
         assert len(os.listdir("/proc/self/fd")) == fds
@@ -613,4 +616,5 @@ def test_a_call_hardens_the_store_connections_among_unix_and_listening_sockets()
     # The server's side of each connection is the other end (its peer port differs);
     # this process's clients are the ones whose peer is the server's port.
     assert expected in during, during
+    assert still == during, (still, during)  # the first call's hold outlasts the other's
     assert set(after) == {0}, after

@@ -50,6 +50,8 @@ _found: dict[tuple[str, int], list[tuple[int, str]]] = {}
 """Per store address: this process's connections to it (descriptor, socket identity),
 found once; each call works on duplicates of them, closed when it ends, so a process
 holds no descriptor more between calls."""
+_held: dict[tuple[str, int], tuple[int, list[socket.socket]]] = {}
+"""Per store address, while hardened: how many blocks hold it, and the duplicates."""
 
 
 def forget_connections() -> None:
@@ -103,27 +105,36 @@ def new_connection(store: Store) -> Store:
 def hardened(store: Store) -> Iterator[None]:
     """For the block: every connection of this process to ``store``'s address gets
     ``TCP_USER_TIMEOUT`` (found once per process and store; each checked to be the
-    same socket at each call), and the kernel's default again after."""
+    same socket when a first block begins), and the kernel's default again once the
+    last of the process's overlapping blocks ends (calls of several streams, or
+    simulated ranks, in one process share one hardening)."""
     address = store_address(store)
     if address is None or getattr(socket, "TCP_USER_TIMEOUT", None) is None:
         yield
         return
     with _lock:
-        found = _found.get(address)
-        if found is None or not all(_same(fd, name) for fd, name in found):
-            found = _found[address] = _connections_to(address)
-        socks = []
-        for fd, _ in found:
-            with contextlib.suppress(OSError):
-                socks.append(socket.socket(fileno=os.dup(fd)))
+        holders, socks = _held.get(address, (0, []))
+        if not holders:
+            found = _found.get(address)
+            if found is None or not all(_same(fd, name) for fd, name in found):
+                found = _found[address] = _connections_to(address)
+            for fd, _ in found:
+                with contextlib.suppress(OSError):
+                    socks.append(socket.socket(fileno=os.dup(fd)))
+            for sock in socks:
+                _set_timeout(sock, USER_TIMEOUT)
+        _held[address] = (holders + 1, socks)
     try:
-        for sock in socks:
-            _set_timeout(sock, USER_TIMEOUT)
         yield
     finally:
-        for sock in socks:
-            _set_timeout(sock, 0.0)
-            sock.close()
+        with _lock:
+            holders, socks = _held.pop(address, (1, []))
+            if holders > 1:
+                _held[address] = (holders - 1, socks)
+            else:
+                for sock in socks:
+                    _set_timeout(sock, 0.0)
+                    sock.close()
 
 
 hardened_count = [0]
@@ -219,6 +230,10 @@ def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()
     _found.clear()
+    for _, socks in _held.values():  # the child's copies of the call's duplicates
+        for sock in socks:
+            sock.close()
+    _held.clear()
     _generation[0] += 1
 
 
