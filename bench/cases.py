@@ -141,7 +141,11 @@ STORE = (
       "these groups (measured on {barriers}, scaled)", "count", torch="barrier"),
     M("store.call.nccl", "nccl", "a creating call (NCCL, eager): store requests per rank",
       f"{SIM}; fmesh: its check as above and the unique-id exchange; torch: the exchange "
-      "(group rank 0 sets the id, the others read it)", "count"),
+      "(group rank 0 sets the id, the others read it)", "count",
+      limit="a creating call's record and closing round are 3 requests per rank (a "
+      "compare_set, an add, a wait or the last rank's set), which torch, checking nothing, "
+      "does not make, on top of the same exchange ({torch:.3g} per rank): without them "
+      "ranks that disagree hang in NCCL's creation instead of raising"),
     M("store.call.seconds", "seconds", "a creating call (gloo): wall time",
       f"{SIM}; all ranks at once on this machine's CPUs, each a thread in a crowd of "
       "{per_crowd}: the watch's share of a call grows with its time", every_size=True),
@@ -187,7 +191,8 @@ CASES: tuple[Case, ...] = (
           "construction and slice runs"),
         M("pure.coordinate_cached", "coordinate_cached", "this rank's coordinate, cached",
           "fmesh: a realized mesh's coordinate (computed once, at realize); torch: "
-          "get_coordinate() returns the tuple cached at construction"),
+          "get_coordinate() returns the tuple cached at construction; a difference under "
+          "2 ns is the timer's noise on a call of about 30 ns", resolution=2e-9),
     ), WORLDS, per_mode=BATCHES, both=True),
     Case("fake", "realize (fake)", "fake", work.build,
          realize_metrics("trainer5", NEW, "init_device_mesh + 3 _flatten calls"),

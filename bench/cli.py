@@ -115,17 +115,20 @@ def load(path: Path) -> Json:
 
 def ahead_note(row: Row) -> str:
     """The row's note, prefixed with a plain verdict where fmesh is not ahead."""
-    if (
-        None not in (row.fmesh, row.torch)
-        and max(row.fmesh or 0, row.torch or 0) < row.resolution
-    ):
+    both = None not in (row.fmesh, row.torch)
+    if both and max(row.fmesh or 0, row.torch or 0) < row.resolution:
         return f"**below resolution** ({fmt_value(row.resolution, row.unit)}): {row.note}"
+    if both and row.ratio != 1 and abs((row.fmesh or 0) - (row.torch or 0)) < row.resolution:
+        within = fmt_value(row.resolution, row.unit)
+        return f"**equal within resolution** ({within}): {row.note}"
     if row.ratio is None or row.ratio > 1.05:
         return row.note
     if row.ratio >= 0.95:
         verdict = "**par**" if row.unit != "count" or row.ratio != 1 else "**equal**"
     else:
         verdict = "**torch ahead**"
+    if row.limit and row.ratio < 1:
+        verdict += f" (fmesh's floor: {row.limit})"
     return f"{verdict}: {row.note}"
 
 
@@ -180,17 +183,23 @@ def results_md(payload: Json) -> str:
 
 def verdicts(shown: list[Row]) -> list[str]:
     """Where torch is ahead, and where fmesh is only at par, among the rows shown."""
-    behind = [r for r in shown if r.ratio is not None and r.ratio < 0.95]
-    par = [r for r in shown if r.ratio is not None and 0.95 <= r.ratio <= 1.05]
+
+    def within(r: Row) -> bool:
+        return abs((r.fmesh or 0) - (r.torch or 0)) < r.resolution
+
+    behind = [r for r in shown if r.ratio is not None and r.ratio < 0.95 and not within(r)]
+    par = [
+        r for r in shown if r.ratio is not None and 0.95 <= r.ratio <= 1.05 and not within(r)
+    ]
     out = [f"fmesh is ahead or at par in all {len(shown)} rows shown."]
     if behind:
         labels = "; ".join(f"{r.bench} at {r.world} ({fmt_ratio(r.ratio)})" for r in behind)
         out = [f"torch is ahead in {len(behind)} of the {len(shown)} rows shown: {labels}."]
-        if any(r.key == "pure.coordinate_cached" for r in behind):
+        floors = [r for r in behind if r.limit]
+        if floors:
             out[0] += (
-                " For the coordinate, torch returns the tuple it cached when it built the "
-                "mesh (an O(world) search, the row above it); fmesh computes it in O(number "
-                "of axes), and a `RealizedMesh` holds it as `.coordinate`."
+                f" In {len(floors)} of them fmesh is at the floor its guarantees set, "
+                "named in the row's note."
             )
     if par:
         labels = "; ".join(f"{r.bench} at {r.world} ({fmt_ratio(r.ratio)})" for r in par)

@@ -42,6 +42,7 @@ class Metric:
     every_size: bool = False
     resolution: float = 0.0
     best: bool = False  # the least over jobs (noise only adds time), not the median
+    limit: str = ""  # the floor fmesh's guarantees set where torch is ahead ({torch}, {fmesh})
 
 
 @dataclass(frozen=True)
@@ -205,11 +206,13 @@ def run_case(b: Bench, case: Case) -> None:
             if m.skipped is None and runs.get("torch") and got["skipped"] is None:
                 torch = figure(runs["torch"], m, m.torch or m.read)
             # fmt: off
+            fm = figure(runs["fmesh"], m, m.read)
+            limit = m.limit.format(fmesh=fm, torch=torch) if torch is not None else ""
             rows.append(Row(
                 m.key, case.section, m.label, label, ranks_of(size), m.unit,
-                figure(runs["fmesh"], m, m.read), torch, note=m.note.format_map(notes),
+                fm, torch, note=m.note.format_map(notes),
                 skipped=(got["skipped"] or m.skipped) if torch is None else None,
-                resolution=m.resolution, every_size=m.every_size,
+                resolution=m.resolution, every_size=m.every_size, limit=limit,
             ))
             # fmt: on
     b.raw[case.raw_key] = raw

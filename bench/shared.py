@@ -68,6 +68,7 @@ class Row:
     resolution: float = 0.0  # differences below this are noise (e.g. RSS pages)
     every_size: bool = False  # shown on the page at every size, not only the largest
     ratio: float | None = None
+    limit: str = ""  # where torch is ahead by design: the floor fmesh's guarantees set
 
     def __post_init__(self) -> None:
         if self.fmesh is not None and self.torch is not None and self.fmesh > 0:
