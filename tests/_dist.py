@@ -134,10 +134,40 @@ def _worker(
     tmp = Path(out + ".tmp")
     tmp.write_bytes(pickle.dumps(report))
     tmp.rename(out)
+    if "value" in report:
+        _linger()
     # Skip interpreter teardown: process-group destructors may wait on peers that
     # have already gone, and the parent has what it needs.
     os._exit(0)
 
+
+def _linger(seconds: float = 10.0) -> None:
+    """Stay until every rank of the default group has returned, or ``seconds`` pass.
+
+    torch's group creation (gloo) can return on one rank while a peer still reads its
+    handshake on their pair: a rank that exits then fails that peer with "Connection
+    closed by peer" (seen about once in 15 jobs that end right after torch's
+    ``init_device_mesh``). fmesh's creating calls end with a round every rank
+    finishes, so only torch's own creation needs this; a job ends as a launched
+    program's ranks do when they meet once more before exiting.
+    """
+    import torch.distributed as dist
+
+    from fmesh._compat import default_store
+
+    if not dist.is_initialized():
+        return
+    try:
+        store, size = default_store(), dist.get_world_size()
+        store.add(_DONE, 1)
+        deadline = time.monotonic() + seconds
+        while store.add(_DONE, 0) < size and time.monotonic() < deadline:
+            time.sleep(0.01)
+    except Exception:  # a job whose store is gone has nothing to wait for
+        return
+
+
+_DONE = "tests/_dist/returned"
 
 _LAUNCH_VARS = (
     "RANK",
