@@ -148,7 +148,10 @@ STORE = (
       "ranks that disagree hang in NCCL's creation instead of raising"),
     M("store.call.seconds", "seconds", "a creating call (gloo): wall time",
       f"{SIM}; all ranks at once on this machine's CPUs, each a thread in a crowd of "
-      "{per_crowd}: the watch's share of a call grows with its time", every_size=True),
+      "{per_crowd}, so the crowds' own CPU per rank and call ({crowd_cpu}: fmesh's record, "
+      "closing round and sliced waits) adds up across ranks here, where on a real job each "
+      "rank spends it on its own CPU; the watch's share of a call grows with its time",
+      every_size=True),
     M("store.call.cpu_per_rank", "cpu_rank", "a creating call (gloo): server CPU per rank",
       f"{SIM}; CPU time of the server process (all its threads) per call and rank",
       every_size=True),

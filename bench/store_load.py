@@ -232,6 +232,7 @@ def serve_crowd(spec: Json, conn: Connection) -> None:
             reply(conn, total())
             continue
         before = {r: pair[0].snapshot() for r, pair in clients.items()}
+        cpu0 = time.process_time()
         out: dict[int, Json] = {}
         threads = [
             threading.Thread(target=run_rank, args=(out, r, pair, request, spec), daemon=True)
@@ -246,8 +247,10 @@ def serve_crowd(spec: Json, conn: Connection) -> None:
                 except EOFError:  # the bench is gone: so is this crowd
                     os._exit(1)
                 reply(conn, total())
+        cpu = (time.process_time() - cpu0) / len(clients)  # the crowd's, shared evenly
         for r, pair in clients.items():
             out[r]["kinds"] = delta(pair[0].snapshot(), before[r])
+            out[r]["cpu"] = cpu
         reply(conn, out)
 
 
@@ -343,8 +346,11 @@ def measure(
             _phase(server, every, phase, f"warm-{phase}", 1)
         for repeat in range(repeats):
             got = {p: _phase(server, every, p, f"{p}-{repeat}", calls) for p in PHASES}
+            figures = {impl: _figures(got, impl, world, spec) for impl in out}
+            fm, tc = (figures[impl]["client_cpu"] for impl in ("fmesh", "torch"))
+            figures["fmesh"]["crowd_cpu"] = f"{fm * 1e3:.2f} ms, torch's {tc * 1e3:.2f} ms"
             for impl in out:
-                out[impl].append([_figures(got, impl, world, spec)])
+                out[impl].append([figures[impl]])
         out["fmesh"][0][0].update(_find(server, crowd, victim, world, spec["steady_s"]))
     return out
 
@@ -361,6 +367,7 @@ def _figures(got: dict[str, Json], impl: str, world: int, spec: Json) -> Json:
     figures = {
         "requests": _per_rank(gloo) / calls, "nccl": _per_rank(nccl) / calls,
         "cpu_rank": gloo["cpu"] / calls / world, "cpu_call": gloo["cpu"] / calls,
+        "client_cpu": median([v["cpu"] for v in gloo["ranks"].values()]) / calls,
         "seconds": gloo["seconds"] / calls, "rate": _per_rank(gloo) * world / gloo["seconds"],
         "keys_left": gloo["keys"] / calls, "group": str(spec["group"]),
         "barriers": str(spec["barriers"]), "hold": f"{spec['hold_s']:g} s",
