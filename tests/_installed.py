@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PTH = "fmesh-route.pth"
 
-__all__ = ["PTH", "route_pth"]
+__all__ = ["PTH", "install_wheel", "route_pth"]
 
 
 def route_pth() -> Path:
@@ -40,3 +40,13 @@ def route_pth() -> Path:
     found = [Path(d, PTH) for d in dirs if Path(d, PTH).is_file()]
     assert found, f"{PTH} is not in {dirs}: pip install -e . installs it (pyproject.toml)"
     return found[0]
+
+
+def install_wheel(wheel: Path, purelib: Path, timeout: float) -> None:
+    """pip-install ``wheel`` (no dependencies, no index) into the folder ``purelib``."""
+    install = [
+        sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
+        "--target", str(purelib), str(wheel),
+    ]  # fmt: skip
+    done = subprocess.run(install, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -5,13 +5,17 @@ runs them around a rank's group creations."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from fmesh import PeerLostError
-from fmesh._protocol import agreement, liveness
+from fmesh._protocol import agreement, liveness, port, ring
 from fmesh._protocol.records import KEY_ROOT, Entry, Record, Ticket
 from fmesh._protocol.watch import Watch
 
@@ -68,6 +72,35 @@ def call(
 def no_liveness() -> None:
     """The protocol alone: no liveness port, no links (their requests not counted)."""
     os.environ["FMESH_PEER_WATCH"] = "0"
+
+
+@contextlib.contextmanager
+def protocol_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Thread-played ranks: the protocol alone, no liveness port (one per process),
+    every stream forgotten before and after."""
+    monkeypatch.setenv("FMESH_PEER_WATCH", "0")
+    agreement.forget_streams()
+    yield
+    agreement.forget_streams()
+
+
+@contextlib.contextmanager
+def serving(host: str | None = None) -> Iterator[port.Port]:
+    """This process's liveness port, its thread serving: every live simulated rank's
+    (``host``: the address it listens on; ``None``, the one that reaches the store)."""
+    ring.forget_addresses()
+    p = port.mine(host)
+    p.serve()
+    yield p
+    ring.forget_addresses()
+
+
+def dead_address() -> port.Address:
+    """The address of a port no process holds any more (it refuses connections)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        free = int(sock.getsockname()[1])
+    return port.Address("127.0.0.1", free, "dead")
 
 
 def keys(store: Store) -> list[str]:

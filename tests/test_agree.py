@@ -30,7 +30,7 @@ from typing import Any, cast
 
 import pytest
 from _dist import Job, run_spawn
-from _protocol import call, keys, no_liveness
+from _protocol import call, keys, no_liveness, protocol_only
 
 from bench.counting import CountingStore
 from fmesh import MeshMismatchError
@@ -195,10 +195,8 @@ def test_missing_rank_named_list_read_once_late_rank_raises(tmp_path: Path) -> N
 
 @pytest.fixture(autouse=True)
 def _protocol_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("FMESH_PEER_WATCH", "0")
-    agreement.forget_streams()
-    yield
-    agreement.forget_streams()
+    with protocol_only(monkeypatch):
+        yield
 
 
 class Gate:

@@ -28,6 +28,7 @@ import venv
 from pathlib import Path
 
 import pytest
+from _installed import install_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 600
@@ -138,12 +139,7 @@ def test_mypy_sees_fmesh_installed_from_a_wheel(tmp_path: Path, cache: Path) -> 
     (wheel,) = wheels.glob("fmesh-*.whl")
 
     python, purelib = _fresh_env(tmp_path / "venv")
-    install = [
-        sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
-        "--target", str(purelib), str(wheel),
-    ]  # fmt: skip
-    done = subprocess.run(install, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert done.returncode == 0, done.stdout + done.stderr
+    install_wheel(wheel, purelib, TIMEOUT_S)
     marker = purelib / "fmesh" / "py.typed"
     assert marker.is_file()
     assert (purelib / "fmesh" / "device_mesh.py").is_file()

@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 from _dist import run_spawn
 from _protocol import call as play_call
-from _protocol import keys
+from _protocol import keys, protocol_only
 
 import fmesh
 from bench.counting import CountingStore
-from fmesh._protocol import agreement, arrivals, watch
+from fmesh._protocol import arrivals, watch
 
 LONG = datetime.timedelta(seconds=60)
 
@@ -115,10 +115,8 @@ def slices(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True)
 def _protocol_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Thread-played ranks: the protocol alone, no liveness port (one per process)."""
-    monkeypatch.setenv("FMESH_PEER_WATCH", "0")
-    agreement.forget_streams()
-    yield
-    agreement.forget_streams()
+    with protocol_only(monkeypatch):
+        yield
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:

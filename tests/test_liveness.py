@@ -37,12 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch.distributed as dist
+from _protocol import dead_address, serving
 
 from bench.counting import CountingStore
 from fmesh import PeerLostError
 from fmesh._compat import memory_store
 from fmesh._compat.interruptible import peek
-from fmesh._protocol import links, liveness, port, ring, watch
+from fmesh._protocol import links, liveness, port, watch
 from fmesh._protocol.records import Entry, Record, Ticket
 
 if TYPE_CHECKING:
@@ -288,19 +289,8 @@ def test_a_watcher_holding_many_files_watches_with_any_descriptor(holder: Holder
 @pytest.fixture
 def live() -> Iterator[port.Port]:
     """This process's port: every live simulated rank's."""
-    ring.forget_addresses()
-    p = port.mine("127.0.0.1")
-    p.serve()
-    yield p
-    ring.forget_addresses()
-
-
-def dead_address() -> port.Address:
-    """The address of a port no process holds any more (it refuses connections)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        free = int(sock.getsockname()[1])
-    return port.Address("127.0.0.1", free, "dead")
+    with serving("127.0.0.1") as p:
+        yield p
 
 
 def _ticket(store: Store, rank: int, n: int, prefix: str = "fmesh/a/1/p/1/") -> Ticket:

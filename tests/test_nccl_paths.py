@@ -13,7 +13,6 @@ it to torch's timeout on the legacy one. The real backends need GPUs:
 from __future__ import annotations
 
 import datetime
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch.distributed as dist
+from _protocol import dead_address, serving
 
 from fmesh import PeerLostError
 from fmesh._compat import memory_store, nccl
-from fmesh._protocol import liveness, port, ring
+from fmesh._protocol import liveness, port
 from fmesh._protocol.records import Entry, Record, Ticket
 
 if TYPE_CHECKING:
@@ -107,19 +107,8 @@ def _bootstrap_wait(store: Store, wait_s: float) -> list[bytes]:
 @pytest.fixture
 def live() -> Iterator[port.Port]:
     """This process's liveness port: rank 1's (and a live rank 0's)."""
-    ring.forget_addresses()
-    p = port.mine()
-    p.serve()
-    yield p
-    ring.forget_addresses()
-
-
-def dead_address() -> port.Address:
-    """The address of a port no process holds any more (it refuses connections)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        free = int(sock.getsockname()[1])
-    return port.Address("127.0.0.1", free, "dead")
+    with serving() as p:
+        yield p
 
 
 def _creating(

@@ -28,7 +28,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from _installed import PTH, route_pth
+from _installed import PTH, install_wheel, route_pth
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 240
@@ -123,12 +123,7 @@ def test_a_wheel_installs_the_pth(installed: Path, tmp_path: Path) -> None:
     purelib = Path(subprocess.check_output(ask, text=True, timeout=TIMEOUT_S).strip())
     outer = [*site.getsitepackages(), sysconfig.get_path("purelib")]
     (purelib / "outer.pth").write_text("\n".join(dict.fromkeys(outer)) + "\n")
-    install = [
-        sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
-        "--target", str(purelib), str(wheel),
-    ]  # fmt: skip
-    done = subprocess.run(install, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert done.returncode == 0, done.stdout + done.stderr
+    install_wheel(wheel, purelib, TIMEOUT_S)
     probe = (
         "import torch.distributed.device_mesh, fmesh; from fmesh._compat import swap; "
         "print(fmesh.__file__, swap.routed())"

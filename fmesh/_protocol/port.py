@@ -240,12 +240,9 @@ class Port:
 
     def _from_stranger(self, sock: socket.socket) -> None:
         deadline, got = self._pending[sock]
-        try:
-            data = sock.recv(_LINE)
-        except BlockingIOError:
+        data = _read(sock)
+        if data is None:
             return
-        except OSError:
-            data = b""
         got += data
         if not data or len(got) > _LINE or (b"\n" in got and got != self._hello):
             self._drop(sock)
@@ -261,13 +258,7 @@ class Port:
             self._drop(next(iter(self._watchers)))
 
     def _from_watcher(self, sock: socket.socket) -> None:
-        try:
-            data = sock.recv(_LINE)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:  # the watcher closed: its process ended, or it connected again
+        if _read(sock) == b"":  # the watcher closed: its process ended, or it connected again
             self._drop(sock)
 
     def _drop(self, sock: socket.socket) -> None:
@@ -305,6 +296,16 @@ class Port:
             with contextlib.suppress(OSError):
                 os.close(self._reserve)
             self._reserve = None
+
+
+def _read(sock: socket.socket) -> bytes | None:
+    """What a connection sent (``b""``: it closed or broke), or ``None`` for nothing yet."""
+    try:
+        return sock.recv(_LINE)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
 
 
 def _reserve() -> int | None:
