@@ -116,6 +116,7 @@ def _worker(
     drop_env: Sequence[str],
     out: str,
     args: tuple[Any, ...],
+    linger: bool,
 ) -> None:
     for key in drop_env:
         os.environ.pop(key, None)
@@ -134,7 +135,7 @@ def _worker(
     tmp = Path(out + ".tmp")
     tmp.write_bytes(pickle.dumps(report))
     tmp.rename(out)
-    if "value" in report:
+    if linger and "value" in report:
         _linger()
     # Skip interpreter teardown: process-group destructors may wait on peers that
     # have already gone, and the parent has what it needs.
@@ -188,6 +189,7 @@ def run_spawn(
     timeout: float = 90.0,
     tmp_path: Path,
     launch_env: bool = True,
+    linger: bool = True,
 ) -> Job:
     """Run ``fn(rank, world, *args)`` on ``world`` fresh processes and collect results.
 
@@ -196,7 +198,9 @@ def run_spawn(
     for a world of ``world`` ranks; without it those variables are removed, so the
     worker starts with no launcher at all. Ranks still running after ``timeout``
     seconds are killed and reported as hung. Workers see no CUDA device, so they
-    run on CPU/gloo on a GPU machine too.
+    run on CPU/gloo on a GPU machine too. With ``linger`` a rank that returned waits
+    for the others (10 s at most) before it exits (``_linger``); fault jobs, whose
+    timings are the point (a rank stopped, given up on, killed), exit at once.
     """
     from torch._C._distributed_c10d import TCPStore
 
@@ -230,7 +234,7 @@ def run_spawn(
             rank_env["RANK"] = rank_env["LOCAL_RANK"] = str(rank)
         proc = ctx.Process(
             target=_worker,
-            args=(fn, rank, world, rank_env, _LAUNCH_VARS, outs[rank], args),
+            args=(fn, rank, world, rank_env, _LAUNCH_VARS, outs[rank], args, linger),
             daemon=True,
         )
         proc.start()

@@ -76,7 +76,7 @@ def destroy_job(rank: int, world: int) -> dict[str, Any]:
 
 
 def test_destroyed_groups_are_made_afresh(tmp_path: Path) -> None:
-    job = run_spawn(destroy_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+    job = run_spawn(destroy_job, WORLD, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT)
     for rank, out in enumerate(job.values()):
         init = out["init"]
         assert init["tp_fresh"] is True and init["dp_kept"] is True, (rank, out)
@@ -125,7 +125,7 @@ def test_abort_then_rebuild_all_reduces_on_new_groups(tmp_path: Path) -> None:
 
     if torch_version() < (2, 15):
         pytest.skip("DeviceMesh.abort() is new in torch 2.15: run this test under torch 2.15")
-    job = run_spawn(abort_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+    job = run_spawn(abort_job, WORLD, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT)
     for rank, out in enumerate(job.values()):
         assert "not supported on a submesh" in out["submesh"], (rank, out)
         assert out["aborted"] == ["dp", "tp"], (rank, out)

@@ -217,24 +217,33 @@ def _check(
 
 
 def test_four_ranks_dp_tp_survive_a_killed_rank(tmp_path: Path) -> None:
-    logs = _logs(run_spawn(four_job, 4, tmp_path=tmp_path, timeout=JOB_TIMEOUT), {3})
+    logs = _logs(
+        run_spawn(four_job, 4, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT), {3}
+    )
     _check(logs, fmesh.make_mesh({"dp": 1, "tp": 2}), [[3]])
     assert len(logs[0]["steps"]) == STEPS and len(logs[2]["steps"]) == 2  # 2 left
 
 
 def test_eight_ranks_dp_fsdp_tp_survive_a_killed_rank(tmp_path: Path) -> None:
-    logs = _logs(run_spawn(eight_job, 8, tmp_path=tmp_path, timeout=JOB_TIMEOUT), {5})
+    logs = _logs(
+        run_spawn(eight_job, 8, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT), {5}
+    )
     _check(logs, fmesh.make_mesh({"dp": 1, "fsdp": 2, "tp": 2}), [[5]])
 
 
 def test_two_ranks_lost_at_once(tmp_path: Path) -> None:
-    logs = _logs(run_spawn(two_lost_job, 8, tmp_path=tmp_path, timeout=JOB_TIMEOUT), {3, 6})
+    logs = _logs(
+        run_spawn(two_lost_job, 8, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT),
+        {3, 6},
+    )
     final = fmesh.make_mesh({"dp": 2, "tp": 2}, ranks=[0, 1, 4, 5])
     _check(logs, final, [[3, 6]])
 
 
 def test_a_rank_dying_inside_recover_is_found_at_the_next_realize(tmp_path: Path) -> None:
-    job = run_spawn(dies_in_recover_job, 8, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+    job = run_spawn(
+        dies_in_recover_job, 8, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT
+    )
     logs = _logs(job, {2, 7})
     final = fmesh.make_mesh({"dp": 2, "tp": 2}, ranks=[0, 1, 4, 5])
     # Rank 2 checked in, so the first recovery declares only rank 7 lost; the realize
@@ -245,14 +254,16 @@ def test_a_rank_dying_inside_recover_is_found_at_the_next_realize(tmp_path: Path
 
 
 def test_a_spare_kept_outside_the_mesh_replaces_the_lost_rank(tmp_path: Path) -> None:
-    logs = _logs(run_spawn(spare_job, 5, tmp_path=tmp_path, timeout=JOB_TIMEOUT), {1})
+    logs = _logs(
+        run_spawn(spare_job, 5, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT), {1}
+    )
     final = fmesh.make_mesh({"dp": 2, "tp": 2}, ranks=[0, 4, 2, 3])
     _check(logs, final, [[1]])
     assert [s for s, *_ in logs[4]["steps"]] == [2, 3, 4, 5], logs[4]  # joined at 2
 
 
 def test_realizing_a_mesh_that_holds_a_lost_rank_is_refused(tmp_path: Path) -> None:
-    job = run_spawn(refused_job, 4, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+    job = run_spawn(refused_job, 4, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT)
     logs = _logs(job, {3})
     for log in logs.values():
         assert log["lost"] == [3]

@@ -302,7 +302,9 @@ def _names_both(message: str) -> bool:
 
 
 def test_one_rank_different_all_raise_fast_at_default_timeouts(tmp_path: Path) -> None:
-    outs = _values(run_spawn(mismatch_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT))
+    outs = _values(
+        run_spawn(mismatch_job, WORLD, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT)
+    )
     assert all(out["error"] for out in outs), outs
     first = min(out["at"] for out in outs)
     for out in outs:
@@ -315,7 +317,9 @@ def test_one_rank_different_all_raise_fast_at_default_timeouts(tmp_path: Path) -
 
 def test_divergence_among_hits_surfaces_at_the_next_creating_call(tmp_path: Path) -> None:
     outs = _values(
-        run_spawn(hidden_divergence_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+        run_spawn(
+            hidden_divergence_job, WORLD, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT
+        )
     )
     assert all(out["hit_created"] == 0 for out in outs), outs
     assert all(out["error"] for out in outs), outs
@@ -337,7 +341,9 @@ def test_divergence_among_hits_surfaces_at_the_next_creating_call(tmp_path: Path
 def test_a_rank_that_diverged_into_a_hit_is_named_and_raises_next(tmp_path: Path) -> None:
     timeout_s = 4.0
     outs = _values(
-        run_spawn(skipped_job, WORLD, timeout_s, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+        run_spawn(
+            skipped_job, WORLD, timeout_s, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT
+        )
     )
     zero = outs[0]
     assert zero["hit"]["error"] is False and zero["hit"]["elapsed"] < 1.0, zero
@@ -359,7 +365,9 @@ def test_a_rank_that_diverged_into_a_hit_is_named_and_raises_next(tmp_path: Path
 
 @pytest.mark.parametrize("how", ["check", "env"])
 def test_debug_mode_makes_every_call_agree(tmp_path: Path, how: str) -> None:
-    outs = _values(run_spawn(debug_job, WORLD, how, tmp_path=tmp_path, timeout=JOB_TIMEOUT))
+    outs = _values(
+        run_spawn(debug_job, WORLD, how, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT)
+    )
     assert all(out["error"] for out in outs), outs
     first = min(out["at"] for out in outs)
     for out in outs:
@@ -369,7 +377,9 @@ def test_debug_mode_makes_every_call_agree(tmp_path: Path, how: str) -> None:
 
 
 def test_cache_stats_stays_responsive_while_realize_waits(tmp_path: Path) -> None:
-    outs = _values(run_spawn(busy_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT))
+    outs = _values(
+        run_spawn(busy_job, WORLD, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT)
+    )
     zero = outs[0]
     assert zero["realize_was_waiting"], zero
     assert max(zero["latencies"]) < 1.0, zero
@@ -378,7 +388,9 @@ def test_cache_stats_stays_responsive_while_realize_waits(tmp_path: Path) -> Non
 
 
 def test_two_threads_two_meshes_succeed(tmp_path: Path) -> None:
-    outs = _values(run_spawn(threads_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT))
+    outs = _values(
+        run_spawn(threads_job, WORLD, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT)
+    )
     for out in outs:
         for name in ("ta", "tb"):
             sums = out[name]
@@ -389,7 +401,9 @@ def test_two_threads_two_meshes_succeed(tmp_path: Path) -> None:
 
 def test_peer_that_exits_is_named(tmp_path: Path) -> None:
     dead, timeout_s = 2, 5.0
-    job = run_spawn(death_job, WORLD, dead, timeout_s, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+    job = run_spawn(
+        death_job, WORLD, dead, timeout_s, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT
+    )
     assert job.outcomes[dead].exitcode == 3, job.describe()
     for rank in (0, 1, 3):
         report = job.outcomes[rank]
@@ -407,7 +421,13 @@ def test_peer_that_exits_during_group_creation_is_reported(tmp_path: Path) -> No
     # covers the rest).
     dead, timeout_s = 2, 5.0
     job = run_spawn(
-        death_in_creation_job, WORLD, dead, timeout_s, tmp_path=tmp_path, timeout=JOB_TIMEOUT
+        death_in_creation_job,
+        WORLD,
+        dead,
+        timeout_s,
+        tmp_path=tmp_path,
+        linger=False,
+        timeout=JOB_TIMEOUT,
     )
     assert job.outcomes[dead].exitcode == 4, job.describe()
     outs = {r: job.outcomes[r].value for r in (0, 1, 3)}
@@ -425,7 +445,9 @@ def test_peer_that_exits_during_group_creation_is_reported(tmp_path: Path) -> No
 def test_groups_made_by_a_failed_call_are_made_anew_by_the_next(tmp_path: Path) -> None:
     # Each group's rendezvous keys are named by the call that makes it: the second
     # call's [2, 3] never meets the address rank 3 left under the failed one's.
-    outs = _values(run_spawn(retry_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT))
+    outs = _values(
+        run_spawn(retry_job, WORLD, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT)
+    )
     for rank, out in enumerate(outs):
         assert out["first"]["error"], (rank, out)
         assert "disagree at realize call #" in out["first"]["message"], out

@@ -270,7 +270,9 @@ def late_job(rank: int, world: int, late_s: float) -> dict[str, Any]:
 
 
 def test_a_late_rank_within_the_timeout_and_the_warnings(tmp_path: Path) -> None:
-    outs = run_spawn(late_job, WORLD, 5.0, tmp_path=tmp_path, timeout=120).values()
+    outs = run_spawn(
+        late_job, WORLD, 5.0, tmp_path=tmp_path, linger=False, timeout=120
+    ).values()
     for rank, out in enumerate(outs):
         assert out["sum"] == WORLD
         # The agreement's default is torch's own for the backend (30 minutes on gloo);
@@ -320,7 +322,9 @@ def past_job(rank: int, world: int, patch_default: bool) -> dict[str, Any]:
 def test_a_late_rank_past_the_timeout_gets_the_documented_error(
     tmp_path: Path, patch_default: bool
 ) -> None:
-    outs = run_spawn(past_job, WORLD, patch_default, tmp_path=tmp_path, timeout=120).values()
+    outs = run_spawn(
+        past_job, WORLD, patch_default, tmp_path=tmp_path, linger=False, timeout=120
+    ).values()
     for rank, out in enumerate(outs):
         assert f"ranks [{LATE}] never reached realize call #1 within 3s" in out["message"], (
             rank,

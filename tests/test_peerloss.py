@@ -201,6 +201,7 @@ def _run(
         timeout_s,
         naps or {},
         tmp_path=tmp_path,
+        linger=False,
         timeout=JOB_TIMEOUT,
     )
 

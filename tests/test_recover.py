@@ -151,7 +151,7 @@ def store_in_rank0_job(rank: int, world: int) -> dict[str, Any]:
 
 
 def test_recovery_without_a_store_that_outlives_ranks_says_so(tmp_path: Path) -> None:
-    job = run_spawn(store_in_rank0_job, 3, tmp_path=tmp_path, timeout=90)
+    job = run_spawn(store_in_rank0_job, 3, tmp_path=tmp_path, linger=False, timeout=90)
     assert job.outcomes[0].exitcode == -signal.SIGKILL, job.describe()
     for rank in (1, 2):
         out = job.outcomes[rank]

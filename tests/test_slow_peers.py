@@ -158,7 +158,15 @@ def test_a_rank_stopped_with_its_child_and_a_rank_holding_the_gil_are_slow_not_l
     # for 20 s, both in the middle of their first group: torch would wait, so do the
     # others; nobody is lost.
     fault = {1: "stop-tree", 3: "gil"}
-    job = run_spawn(stall_job, WORLD, "realize", fault, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+    job = run_spawn(
+        stall_job,
+        WORLD,
+        "realize",
+        fault,
+        tmp_path=tmp_path,
+        linger=False,
+        timeout=JOB_TIMEOUT,
+    )
     outs = _values(job)
     assert outs, job.describe()
     for rank, out in enumerate(outs):
@@ -173,7 +181,13 @@ def test_the_drop_in_waits_for_a_rank_frozen_with_its_child(tmp_path: Path) -> N
     # stopped with SIGSTOP; the job says which.
     fault = {2: "freeze"}
     job = run_spawn(
-        stall_job, WORLD, "init_device_mesh", fault, tmp_path=tmp_path, timeout=JOB_TIMEOUT
+        stall_job,
+        WORLD,
+        "init_device_mesh",
+        fault,
+        tmp_path=tmp_path,
+        linger=False,
+        timeout=JOB_TIMEOUT,
     )
     outs = _values(job)
     assert outs, job.describe()
@@ -188,7 +202,15 @@ def test_a_rank_given_up_on_raises_at_once_when_it_runs_again(tmp_path: Path) ->
     # the documented error at once, saying why, instead of waiting in a rendezvous or
     # gloo's connect.
     fault = {2: "given-up"}
-    job = run_spawn(stall_job, WORLD, "realize", fault, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+    job = run_spawn(
+        stall_job,
+        WORLD,
+        "realize",
+        fault,
+        tmp_path=tmp_path,
+        linger=False,
+        timeout=JOB_TIMEOUT,
+    )
     outs = _values(job)
     assert outs, job.describe()
     for rank in (0, 1, 3):
@@ -248,7 +270,9 @@ def test_a_rank_blocked_in_an_uncancellable_construction_raises_once_it_returns(
     # Rank 1 dies; rank 3 is held in a construction nothing can cancel (a stand-in for
     # gloo's native connect, past its rendezvous): the others raise at once, without
     # waiting for it; rank 3 raises the same documented error as soon as it returns.
-    job = run_spawn(blocked_job, WORLD, 1, 3, tmp_path=tmp_path, timeout=JOB_TIMEOUT)
+    job = run_spawn(
+        blocked_job, WORLD, 1, 3, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT
+    )
     assert job.outcomes[1].exitcode == 5, job.describe()
     for rank in (0, 2, 3):
         o = job.outcomes[rank]
@@ -280,7 +304,9 @@ def off_job(rank: int, world: int) -> dict[str, Any]:
 
 
 def test_the_watch_off_opens_no_port_and_leaves_no_address(tmp_path: Path) -> None:
-    outs = _values(run_spawn(off_job, WORLD, tmp_path=tmp_path, timeout=JOB_TIMEOUT))
+    outs = _values(
+        run_spawn(off_job, WORLD, tmp_path=tmp_path, linger=False, timeout=JOB_TIMEOUT)
+    )
     assert outs
     for rank, out in enumerate(outs):
         left = ["2/n", "2/ok", "c"] if rank == 0 else []

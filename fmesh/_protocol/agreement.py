@@ -149,8 +149,7 @@ def _mismatch(ticket: Ticket) -> MeshMismatchError:
     (the first rank's call too, if it is at another number), record this side in full,
     and name both sides."""
     conn, p = ticket.conn, ticket.prefix
-    stream = p.rstrip("/").rpartition("/")[0] + "/"
-    for prefix in dict.fromkeys((p, f"{stream}{ticket.first.number}/")):
+    for prefix in dict.fromkeys((p, f"{ticket.stream}{ticket.first.number}/")):
         conn.add(prefix + "n", ABORT)
         conn.compare_set(prefix + "mm", "", ticket.record().text())
         conn.compare_set(prefix + "end", "", "mm")

@@ -195,9 +195,8 @@ class Arrivals:
         conn.compare_set(p + "end", "census", "timeout")
         # The stream's record says so too: a rank that comes later reads it in the
         # answer to its own record's request, before it creates anything.
-        stream = p[: p.rstrip("/").rfind("/") + 1]
         marked = attrs.evolve(t.first, gave_up=True)
-        conn.compare_set(stream + "c", t.first.text(), marked.text())
+        conn.compare_set(t.stream + "c", t.first.text(), marked.text())
         return True
 
     def verdict(self, conn: Store) -> MeshMismatchError:
@@ -237,7 +236,7 @@ def clean_previous(ticket: Ticket, last: bool) -> None:
     """This rank is out of a call that ended well: the last rank out removes the
     stream's previous call's keys (every rank left it); this call's keys wait for the
     next call."""
-    stream = (ticket.prefix.rstrip("/").rpartition("/")[0], ticket.rank)
+    stream = (ticket.stream, ticket.rank)
     store, keys = _pending.get(stream, (None, ()))
     if last and store is ticket.store:
         for key in keys:

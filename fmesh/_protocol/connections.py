@@ -91,13 +91,11 @@ def new_connection(store: Store) -> Store:
         except (RuntimeError, NotImplementedError, AttributeError):
             return store
         if address is not None:
-            for fd, name in _sockets().items():
-                if name not in before:
-                    with contextlib.suppress(OSError):
-                        sock = socket.socket(fileno=os.dup(fd))
-                        with sock:
-                            if _peer_port(sock) == address[1]:
-                                _set_timeout(sock, USER_TIMEOUT)
+            for fd, name in _connections_to(address):
+                if name in before:
+                    continue
+                with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+                    _set_timeout(sock, USER_TIMEOUT)
     return clone
 
 

@@ -147,6 +147,11 @@ class Ticket:
     def n(self) -> int:
         return len(self.ranks)
 
+    @property
+    def stream(self) -> str:
+        """The call's stream's prefix (its record is ``stream + "c"``)."""
+        return self.prefix.rstrip("/").rpartition("/")[0] + "/"
+
 
 class Untyped(Protocol):
     """Store methods that exist on torch 2.11..2.15 but are missing from its stubs."""

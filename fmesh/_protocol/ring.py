@@ -52,8 +52,8 @@ class Ring:
     def __init__(
         self, ranks: Sequence[int], rank: int, silence: float, interval: float
     ) -> None:
-        self.ranks = list(ranks)
-        self.me = self.ranks.index(rank)
+        self.ranks = ranks  # a range unless ranks were lost: no copy, index in O(1)
+        self.me = ranks.index(rank)
         self.n = len(self.ranks)
         self.peer = self.ranks[(self.me + 1) % self.n]
         self.silence = silence

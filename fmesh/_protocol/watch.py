@@ -155,9 +155,7 @@ class Watch:
         if self._hardening is None:
             self._hardening = contextlib.ExitStack()
             self._hardening.enter_context(hardened(self.ticket.store))
-            p = port.started()
-            if p is not None:
-                p.serve()
+            self._serve()
 
     def _cut_off(self, err: BaseException) -> None:
         first = (str(err).splitlines() or [type(err).__name__])[0][:200]
