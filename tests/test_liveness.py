@@ -66,10 +66,13 @@ p = port.mine("127.0.0.1")
 p.serve()
 child = 0
 if mode == "fork":  # a data loader's worker: a fork that outlives the rank
+    r, w = os.pipe()
     child = os.fork()
-    if child == 0:
+    if child == 0:  # the at-fork hooks have run when fork returns here
+        os.write(w, b"1")
         time.sleep(120)
         os._exit(0)
+    os.read(r, 1)  # the fork is past its hooks before the test goes on
 a = p.address
 print(json.dumps([a.host, a.port, a.token, child]), flush=True)
 for line in sys.stdin:  # "held": what the port holds and this process's descriptors
