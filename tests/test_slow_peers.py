@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _dist import run_spawn
 
 import fmesh
@@ -127,8 +128,12 @@ def _call(how: str) -> None:
         init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
 
 
-def stall_job(rank: int, world: int, how: str, fault: dict[int, str]) -> dict[str, Any]:
-    """A warm-up creating call, then the faulty call (and the same call again, a hit)."""
+def stall_job(
+    rank: int, world: int, how: str, fault: dict[int, str], stay: bool = False
+) -> dict[str, Any]:
+    """A warm-up creating call, then the faulty call (and the same call again, a hit);
+    ``stay``: the other ranks live on until the faulty ones returned (as survivors that
+    carry on do), instead of exiting."""
     fmesh.realize(fmesh.make_mesh({"x": 2, "y": world // 2}, ranks=list(range(world))[::-1]))
     _at_first_group(rank, fault)
     watches = liveness.started
@@ -144,7 +149,20 @@ def stall_job(rank: int, world: int, how: str, fault: dict[int, str]) -> dict[st
     out["elapsed"] = time.monotonic() - start
     if _resumed:
         out["after_resume"] = time.monotonic() - _resumed[0]
+    if stay:
+        from fmesh._compat import default_store
+
+        store = default_store()
+        if rank in fault:
+            store.add(DONE, 1)
+        else:  # alive, with whatever gloo kept of the failed call, until they are done
+            deadline = time.monotonic() + JOB_TIMEOUT / 2
+            while int(store.add(DONE, 0)) < len(fault) and time.monotonic() < deadline:
+                time.sleep(0.2)
     return out
+
+
+DONE = "tests/slow_peers/faulty_done"
 
 
 def _values(job: Any) -> list[dict[str, Any]]:
@@ -196,17 +214,23 @@ def test_the_drop_in_waits_for_a_rank_frozen_with_its_child(tmp_path: Path) -> N
         assert out["elapsed"] >= STALL - 1, (rank, out)
 
 
-def test_a_rank_given_up_on_raises_at_once_when_it_runs_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("survivors", ["exit", "stay"])
+def test_a_rank_given_up_on_raises_at_once_when_it_runs_again(
+    tmp_path: Path, survivors: str
+) -> None:
     # Rank 2 closes its port and stops, so rank 1 (its watcher) finds the port refusing
     # and declares it lost, and the others raise; rank 2 resumes 14 s later and raises
     # the documented error at once, saying why, instead of waiting in a rendezvous or
-    # gloo's connect.
+    # gloo's connect. Survivors that stay alive keep what gloo kept of the failed
+    # groups (a listener that accepts and never answers): rank 2, which finds every
+    # rendezvous key there, must read the verdict before it connects.
     fault = {2: "given-up"}
     job = run_spawn(
         stall_job,
         WORLD,
         "realize",
         fault,
+        survivors == "stay",
         tmp_path=tmp_path,
         linger=False,
         timeout=JOB_TIMEOUT,

@@ -127,8 +127,10 @@ def creating(backend: str, store: Store, make: Callable[[Store], T]) -> T:
     A construction that has passed its rendezvous connects its pairs in native code
     that nothing cancels (gloo's ``connectFullMesh``): to a peer whose process ended
     it fails within seconds (the port refuses; gloo gives up after its retries), to a
-    host that went away in the milliseconds between the rendezvous and the connect it
-    waits for the group's timeout (``docs/design/liveness.md``)."""
+    host that went away in the milliseconds between the rendezvous and the connect,
+    or to a peer that gave up on the call and lives on (gloo keeps its listener), it
+    waits for the group's timeout: a rank that was stopped reads the verdict at its
+    first check before it goes on (``Watch.cancelled``; ``docs/design/liveness.md``)."""
     watch = current()
     conn = thread_store(store)
     if watch is None:

@@ -128,9 +128,14 @@ class Watch:
         try:
             now = time.monotonic()
             if self.liveness and now >= self.ring.due:
+                late = now - self.ring.due
                 self._harden()
                 lost, why, first = self.ring.check(conn, now)
-                if first:  # the call's first read of an address: this interval's read
+                # The call's first read of an address stands for this interval's read
+                # of the verdict, unless this check is late: a rank that was stopped
+                # (or frozen) reads the verdict before it goes on, or it could pass a
+                # rendezvous its peers left and wait in gloo's native connect.
+                if first and late < INTERVAL:
                     self._last_read = now
                 if lost:
                     self._declare(conn, lost, why)
