@@ -135,7 +135,7 @@ def _worker(
     tmp = Path(out + ".tmp")
     tmp.write_bytes(pickle.dumps(report))
     tmp.rename(out)
-    if linger and "value" in report:
+    if linger:  # a rank that raised too: a peer may still be in gloo's handshake
         _linger()
     # Skip interpreter teardown: process-group destructors may wait on peers that
     # have already gone, and the parent has what it needs.
@@ -143,7 +143,8 @@ def _worker(
 
 
 def _linger(seconds: float = 10.0) -> None:
-    """Stay until every rank of the default group has returned, or ``seconds`` pass.
+    """Stay until every rank of the default group has returned or raised, or
+    ``seconds`` pass.
 
     torch's group creation (gloo) can return on one rank while a peer still reads its
     handshake on their pair: a rank that exits then fails that peer with "Connection
@@ -198,9 +199,10 @@ def run_spawn(
     for a world of ``world`` ranks; without it those variables are removed, so the
     worker starts with no launcher at all. Ranks still running after ``timeout``
     seconds are killed and reported as hung. Workers see no CUDA device, so they
-    run on CPU/gloo on a GPU machine too. With ``linger`` a rank that returned waits
-    for the others (10 s at most) before it exits (``_linger``); fault jobs, whose
-    timings are the point (a rank stopped, given up on, killed), exit at once.
+    run on CPU/gloo on a GPU machine too. With ``linger`` a rank that returned or
+    raised waits for the others (10 s at most) before it exits (``_linger``); fault
+    jobs, whose timings are the point (a rank stopped, given up on, killed), exit at
+    once.
     """
     from torch._C._distributed_c10d import TCPStore
 

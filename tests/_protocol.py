@@ -95,12 +95,18 @@ def serving(host: str | None = None) -> Iterator[port.Port]:
     ring.forget_addresses()
 
 
+_held: list[socket.socket] = []
+"""The dead addresses' sockets: bound, never listening, kept for the process's life."""
+
+
 def dead_address() -> port.Address:
-    """The address of a port no process holds any more (it refuses connections)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        free = int(sock.getsockname()[1])
-    return port.Address("127.0.0.1", free, "dead")
+    """The address of a port no process listens on (it refuses connections), kept bound
+    by this process so that nothing else (the other test worker's stores and gloo
+    listeners) can take it while a test expects the refusal."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _held.append(sock)
+    return port.Address("127.0.0.1", int(sock.getsockname()[1]), "dead")
 
 
 def keys(store: Store) -> list[str]:

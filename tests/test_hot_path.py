@@ -58,7 +58,7 @@ def counted_job(rank: int, world: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     def phase(name: str, meshes: list[fmesh.Mesh]) -> None:
-        before, keys = store.snapshot(), store.key_snapshot()
+        before, keys, began = store.snapshot(), store.key_snapshot(), time.monotonic()
         created = 0
         for mesh in meshes:
             counts, start = store.snapshot(), time.monotonic()
@@ -74,6 +74,7 @@ def counted_job(rank: int, world: int) -> dict[str, Any]:
             "agree_per_call": by_call(delta(store.key_snapshot(), keys))[0],
             "own": mine.get("agree", 0) + mine.get("watch", 0),
             "created": created,
+            "seconds": time.monotonic() - began,
         }
 
     phase("world", [fmesh.make_mesh({"world": world})])
@@ -88,19 +89,24 @@ def counted_job(rank: int, world: int) -> dict[str, Any]:
 def test_hits_send_nothing_and_creating_calls_send_a_handful(tmp_path: Path) -> None:
     outs = run_spawn(counted_job, WORLD, tmp_path=tmp_path, timeout=90).values()
     nothing = {"requests": 0, "agree_per_call": {}, "own": 0, "created": 0}
+
+    def waited(phase: dict[str, Any]) -> int:
+        """The reads a phase's waits may add: 2 per interval (a loaded machine)."""
+        return 2 * int(phase["seconds"] / watch.INTERVAL)
+
     for out in outs:
-        assert out["world"] == nothing, out
+        assert {k: v for k, v in out["world"].items() if k != "seconds"} == nothing, out
         create = out["create"]
         assert create["created"] > 0, out
         # One agreement per call that created groups (the stream's record shared among
         # them); a rank's own requests per call, the first call's address included, at
         # most 4 but on the last rank out of a call, which also removes the previous
-        # call's two keys.
+        # call's two keys; and the reads of waits past an interval.
         calls = create["agree_per_call"]
         assert 1 <= len(calls) <= len(_meshes()), out
-        assert create["own"] <= 4 * len(calls) + 2, out
+        assert create["own"] <= 4 * len(calls) + 2 + waited(create), out
         for name in ("hit_same", "hit_fresh"):
-            assert out[name] == nothing, out
+            assert {k: v for k, v in out[name].items() if k != "seconds"} == nothing, out
         # The process's first creating call, everything of fmesh's counted: the port's
         # address, the record, the count, the wait (no removal: nothing of its stream
         # came before). A call that waits past an interval (1 s here; a loaded machine)
@@ -112,9 +118,9 @@ def test_hits_send_nothing_and_creating_calls_send_a_handful(tmp_path: Path) -> 
     # call, whose last rank out deletes them; the stream's record stays (it is swapped,
     # never deleted).
     # Per call and rank, over the ranks: at most 4 (3 + 2 / ranks, plus the address
-    # once per process).
+    # once per process), besides the reads of waits past an interval.
     calls = len(outs[0]["create"]["agree_per_call"])
-    own = sum(out["create"]["own"] for out in outs) / (len(outs) * calls)
-    assert own <= 4, [out["create"] for out in outs]
+    own = sum(out["create"]["own"] - waited(out["create"]) for out in outs)
+    assert own / (len(outs) * calls) <= 4, [out["create"] for out in outs]
     last = max(int(k.split("/")[0]) for k in outs[0]["left"] if k != "c")
     assert outs[0]["left"] == sorted(["c", f"{last}/n", f"{last}/ok"]), outs[0]

@@ -38,11 +38,17 @@ def test_a_get_returns_the_value_set_by_another_thread_after_several_slices() ->
 def test_a_cancelled_wait_raises_within_one_slice() -> None:
     cancelled = threading.Event()
     store = _store(cancelled)
-    threading.Timer(0.2, cancelled.set).start()
-    start = time.monotonic()
+    at: list[float] = []
+
+    def cancel() -> None:
+        at.append(time.monotonic())
+        cancelled.set()
+
+    threading.Timer(0.2, cancel).start()
     with pytest.raises(dist.DistNetworkError, match="given up"):
         store.get("never")
-    assert time.monotonic() - start < 0.2 + 0.5
+    # Within a slice (0.05 s) of the cancel, and a loaded machine's scheduling.
+    assert time.monotonic() - at[0] < 1.0
 
 
 def test_a_wait_past_its_timeout_raises_torchs_timeout_error() -> None:
@@ -69,8 +75,8 @@ def test_a_patient_wait_outlasts_its_timeout_until_the_key_or_the_cancel() -> No
     cancelled = threading.Event()
     inner = memory_store()
     store = interruptible_store(inner, cancelled.is_set, 0.05, "given up", patient=True)
-    threading.Timer(0.4, inner.set, ("k", b"v")).start()
     start = time.monotonic()
+    threading.Timer(0.4, inner.set, ("k", b"v")).start()
     store.wait(["k"], datetime.timedelta(seconds=0.1))
     assert 0.3 < time.monotonic() - start < 3.0
     threading.Timer(0.4, cancelled.set).start()
@@ -125,8 +131,8 @@ def test_a_wait_that_returns_before_its_key_exists_is_waited_again() -> None:
     conn = _Counting(memory_store())
     store = interruptible_store(cast("Store", conn), threading.Event().is_set, 0.05, "x")
     conn.early = 1
-    threading.Timer(0.3, conn.inner.set, ("late", "v")).start()
     start = time.monotonic()
+    threading.Timer(0.3, conn.inner.set, ("late", "v")).start()
     assert store.get("late") == b"v"
     assert time.monotonic() - start >= 0.25
     assert conn.calls[:2] == ["wait", "compare_set"]

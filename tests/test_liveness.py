@@ -387,18 +387,20 @@ def test_a_waiting_ranks_requests_per_interval_do_not_grow_with_the_group(
     _publish(inner, range(n), live.address)
     counting = CountingStore(inner)
     t = _ticket(counting, 0, n)
+    began = time.monotonic()
     w = watch.Watch(t, LONG, datetime.timedelta(seconds=2), liveness=True)
     assert w.interval == 0.5
-    seconds = 2.9  # slices start at 0, 0.5, ..., 2.5: each may read the verdict
-    gate = threading.Timer(seconds, inner.set, ("fmesh/a/1/p/1/never", "1"))
+    # About 2.9 s: slices start at 0, 0.5, ..., 2.5, each may read the verdict (the
+    # bounds count the intervals the wait really lasted: a timer may fire late).
+    gate = threading.Timer(2.9, inner.set, ("fmesh/a/1/p/1/never", "1"))
     gate.start()
     try:
         w.store_for(counting).wait(["fmesh/a/1/p/1/never"], datetime.timedelta(seconds=1))
+        intervals = (time.monotonic() - began) / w.interval
         requests = sum(counting.snapshot().values())
         keys = counting.key_snapshot()
     finally:
         w.close()
-    intervals = seconds / w.interval
     # The successor's address, read once per process, is one of those reads: it takes
     # the place of a read of the verdict (at most one read per interval).
     assert keys.get(port.KEY + "1") == 1, keys

@@ -72,7 +72,14 @@ def _freeze_with_child(me: int, child: int, root: Path) -> None:
         f"rmdir {group}"
     )
     subprocess.Popen(["sh", "-c", script])
-    time.sleep(1.0)  # frozen within this second
+    # Go on only once frozen and thawed (a jump of the clock), however long the shell
+    # takes to start on a loaded machine.
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        before = time.monotonic()
+        time.sleep(0.05)
+        if time.monotonic() - before > STALL / 2:
+            return
 
 
 def _at_first_group(rank: int, fault: dict[int, str]) -> None:
