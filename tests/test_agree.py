@@ -84,6 +84,10 @@ def ok_job(rank: int, world: int, calls: int) -> dict[str, Any]:
     store = OwnClient(raw)
     per_call = []
     for number in range(1, calls + 1):
+        # Every rank starts each call together (a meeting on the raw client, not
+        # counted): a rank that waits past a slice of its wait (1 s: process start-up,
+        # or CPU, on a loaded machine) would make another request.
+        _barrier(raw, f"call{number}", world, rank)
         before = store.snapshot().get("agree", 0)
         call(store, rank, world, code=42, number=number)
         per_call.append(store.snapshot().get("agree", 0) - before)
@@ -379,12 +383,13 @@ def test_dim_names_compared_apart_are_a_warning_naming_both(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="fmesh")
-    _master, port = _store_port()
+    master, port = _store_port()
     conns = {r: OwnClient(_tcp(port)) for r in range(2)}
     names = {0: "dp,tp", 1: "tp,dp"}
 
     def second() -> None:
-        time.sleep(0.3)
+        # Rank 0's record is the stream's first: rank 1 warns, naming rank 0's first.
+        master.wait(["fmesh/a/t/s/c"], datetime.timedelta(seconds=30))
         call(conns[1], 1, 2, 8, names=names[1])
 
     outs = _run_threads({0: lambda: call(conns[0], 0, 2, 8, names=names[0]), 1: second})

@@ -135,8 +135,13 @@ RACE_TIMEOUT = 10.0
 
 def race_job(rank: int, world: int) -> dict[str, Any]:
     """Two threads per rank realize two new meshes, in opposite orders on even and
-    odd ranks (no fmesh.stream): the ranks' orders differ."""
+    odd ranks (no fmesh.stream): the ranks' orders differ. The second thread starts
+    once the first has taken its turn in the stream (``turns.enter``), which sets the
+    order of their calls."""
     import torch.distributed as dist
+
+    from fmesh._runtime import turns
+    from fmesh._runtime.memo import StreamState
 
     dist.init_process_group("gloo")
     fmesh.realize(fmesh.make_mesh({"world": world}))
@@ -155,11 +160,20 @@ def race_job(rank: int, world: int) -> dict[str, Any]:
         except Exception as err:
             out[name] = (type(err).__name__, time.monotonic() - start, str(err))
 
+    entered = threading.Event()
+    enter = turns.enter
+
+    def entering(stream: StreamState) -> int:
+        ticket = enter(stream)
+        entered.set()
+        return ticket
+
+    turns.enter = entering  # this worker process only
     order = ("a", "b") if rank % 2 == 0 else ("b", "a")
     threads = {n: threading.Thread(target=run, args=(n,)) for n in order}
-    for name in order:
-        threads[name].start()
-        time.sleep(0.05)
+    threads[order[0]].start()
+    assert entered.wait(60), "the first thread never took its turn"
+    threads[order[1]].start()
     for t in threads.values():
         t.join(JOB_TIMEOUT)
     out["alive"] = any(t.is_alive() for t in threads.values())
