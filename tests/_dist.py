@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Job", "Outcome", "kill_tree", "run_command", "run_spawn"]
+__all__ = ["Job", "Outcome", "kill_tree", "run_command", "run_spawn", "wait_for_peers"]
 
 _PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "numpy", "fmesh"]
 _ctx: multiprocessing.context.ForkServerContext | None = None
@@ -136,13 +136,13 @@ def _worker(
     tmp.write_bytes(pickle.dumps(report))
     tmp.rename(out)
     if linger:  # a rank that raised too: a peer may still be in gloo's handshake
-        _linger()
+        wait_for_peers()
     # Skip interpreter teardown: process-group destructors may wait on peers that
     # have already gone, and the parent has what it needs.
     os._exit(0)
 
 
-def _linger(seconds: float = 10.0) -> None:
+def wait_for_peers(seconds: float = 10.0) -> None:
     """Stay until every rank of the default group has returned or raised, or
     ``seconds`` pass.
 
@@ -200,9 +200,9 @@ def run_spawn(
     worker starts with no launcher at all. Ranks still running after ``timeout``
     seconds are killed and reported as hung. Workers see no CUDA device, so they
     run on CPU/gloo on a GPU machine too. With ``linger`` a rank that returned or
-    raised waits for the others (10 s at most) before it exits (``_linger``); fault
-    jobs, whose timings are the point (a rank stopped, given up on, killed), exit at
-    once.
+    raised waits for the others (10 s at most) before it exits
+    (``wait_for_peers``); fault jobs, whose timings are the point (a rank stopped,
+    given up on, killed), exit at once.
     """
     from torch._C._distributed_c10d import TCPStore
 

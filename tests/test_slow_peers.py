@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _dist import run_spawn
+from _dist import run_spawn, wait_for_peers
 
 import fmesh
 from fmesh._protocol import liveness
@@ -139,8 +139,8 @@ def stall_job(
     rank: int, world: int, how: str, fault: dict[int, str], stay: bool = False
 ) -> dict[str, Any]:
     """A warm-up creating call, then the faulty call (and the same call again, a hit);
-    ``stay``: the other ranks live on until the faulty ones returned (as survivors that
-    carry on do), instead of exiting."""
+    ``stay``: every rank lives on until all have returned (as survivors that carry on
+    do), instead of exiting."""
     fmesh.realize(fmesh.make_mesh({"x": 2, "y": world // 2}, ranks=list(range(world))[::-1]))
     _at_first_group(rank, fault)
     watches = liveness.started
@@ -156,20 +156,9 @@ def stall_job(
     out["elapsed"] = time.monotonic() - start
     if _resumed:
         out["after_resume"] = time.monotonic() - _resumed[0]
-    if stay:
-        from fmesh._compat import default_store
-
-        store = default_store()
-        if rank in fault:
-            store.add(DONE, 1)
-        else:  # alive, with whatever gloo kept of the failed call, until they are done
-            deadline = time.monotonic() + JOB_TIMEOUT / 2
-            while int(store.add(DONE, 0)) < len(fault) and time.monotonic() < deadline:
-                time.sleep(0.2)
+    if stay:  # alive, with whatever gloo kept of the failed call, until all are done
+        wait_for_peers(JOB_TIMEOUT / 2)
     return out
-
-
-DONE = "tests/slow_peers/faulty_done"
 
 
 def _values(job: Any) -> list[dict[str, Any]]:
