@@ -33,9 +33,9 @@ from _dist import Job, run_spawn
 from _protocol import call, keys, no_liveness, protocol_only
 
 from bench.counting import CountingStore
-from fmesh import MeshMismatchError
+from fmesh import MeshMismatchError, PeerLostError
 from fmesh._protocol import agreement
-from fmesh._protocol.records import Ticket
+from fmesh._protocol.records import ABORT, Ticket
 from fmesh._protocol.watch import Watch
 
 SURFACE = 12.0
@@ -400,3 +400,74 @@ def test_dim_names_compared_apart_are_a_warning_naming_both(
         and "rank 0 calls them (dp,tp), rank 1 (tp,dp)" in m
         for m in said
     ), said
+
+
+def test_a_rank_that_comes_after_the_others_ended_the_call_leaves_their_next_call() -> None:
+    """Ranks 0 and 1 disagree at call #1 and go on to call #2 before rank 2 makes its
+    call #1 (CI saw it on a loaded machine): rank 2 finds the stream at call #2, raises
+    call #1's mismatch as the others did, and does not fail their call #2, which all
+    three then make."""
+    master, port = _store_port()
+    conns = {r: OwnClient(_tcp(port)) for r in range(3)}
+    codes = {0: 7, 1: 5, 2: 5}
+    summaries = {0: "Mesh(odd=6)", 1: "Mesh(a=6)", 2: "Mesh(a=6)"}
+
+    got: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def play(r: int) -> Callable[[], object]:
+        def run() -> None:
+            if r == 2:  # the others are at call #2 already
+                deadline = time.monotonic() + 30
+                while not bytes(master.get("fmesh/a/t/s/c")).startswith(b"2|"):
+                    assert time.monotonic() < deadline, master.get("fmesh/a/t/s/c")
+                    time.sleep(0.05)
+            first = _attempt(lambda: call(conns[r], r, 3, codes[r], summary=summaries[r]))
+            got[r] = first, _attempt(lambda: call(conns[r], r, 3, 9, 2))
+
+        return run
+
+    outs = _run_threads({r: play(r) for r in conns})
+    assert not any(o["error"] for o in outs.values()), outs
+    assert sorted(got) == [0, 1, 2], got
+    for r, (first, second) in got.items():
+        assert first["error"], (r, first)
+        assert "Mesh(odd=6)" in first["message"] and "Mesh(a=6)" in first["message"], first
+        assert "call #1" in first["message"], first
+        assert not second["error"], (r, second)
+    assert "disagree" in got[2][0]["message"], got[2]
+    # Call #1's keys are gone once every rank is out of it, verdict included.
+    assert [k for k in keys(master) if k.startswith("1/")] == [], master.list_keys()
+
+
+@pytest.mark.parametrize(
+    ("verdict", "rank", "error", "says"),
+    [
+        ("lost", 2, PeerLostError, "rank 2 was given up on during call #1"),
+        ("lost", 3, PeerLostError, "rank(s) [2] died during call #1"),
+        (
+            "fail:rank 1: boom",
+            3,
+            MeshMismatchError,
+            "another rank gave up on the call: rank 1: boom",
+        ),
+    ],
+)
+def test_a_rank_that_comes_after_a_verdict_raises_it_and_counts_itself_out(
+    verdict: str, rank: int, error: type[Exception], says: str
+) -> None:
+    """The keys a loss or a failed creation leaves at call #1 of a 4-rank stream
+    whose ranks went on to call #2: a rank that comes to call #1 now raises its
+    verdict, counts itself out, and leaves call #2 alone."""
+    master, port = _store_port()
+    p = "fmesh/a/t/s/1/"
+    for key, value in {"end": verdict, "lost": "2,", "by": "1\x1fits port refused"}.items():
+        master.set(p + key, value)
+    master.add(p + "n", ABORT)
+    master.add(p + "gone", 2)  # ranks 0 and 1 are out; one more is yet to come
+    master.set("fmesh/a/t/s/c", "2|9|0|")
+    with pytest.raises(error, match=re.escape(says)):
+        call(OwnClient(_tcp(port)), rank, 4, 5)
+    assert bytes(master.get("fmesh/a/t/s/c")) == b"2|9|0|"
+    assert not master.check(["fmesh/a/t/s/2/end"])  # call #2 is not failed
+    gone, read = master.add(p + "gone", 0), master.add(p + "read", 0)
+    assert (gone, read) == ((2, 1) if rank == 2 else (3, 0)), (gone, read)

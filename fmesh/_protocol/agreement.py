@@ -13,7 +13,9 @@ must not start before every rank agrees: such a call runs the closing round firs
 
 The key ``S+"c"`` is never deleted, only swapped: each rank knows its value (the first
 record of the stream's last call, answered to every rank of it) and expects it; a rank
-whose expectation is stale (it made no record at that call) swaps again once. Costs and
+whose expectation is stale (it made no record at that call) swaps again once. A rank
+that finds the stream at a later call, and a verdict at its own, comes after the
+others ended its call: it raises that verdict and leaves their later call alone. Costs and
 the rest of the protocol: ``docs/design/agreement-protocol.md``.
 """
 
@@ -24,11 +26,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import attrs
+
 from .._compat.interruptible import peek
 from .._core.errors import MeshMismatchError
 from .arrivals import leave, timeout_error
 from .connections import thread_store
 from .records import ABORT, KEY_ROOT, Entry, Record, Ticket, append, wait_get
+from .verdicts import found_by, given_up, lost_ranks, peer_lost
 
 if TYPE_CHECKING:
     from .._compat import Store
@@ -118,6 +123,11 @@ def open_call(
         ) from err
     first = Entry.parse(got) or entry
     ticket = Ticket(store, conn, rank, ranks, prefix, where, entry, record, first)
+    if first.number > entry.number:
+        end = peek(conn, prefix + "end")
+        if end:  # the others ended this call without this rank, and went on
+            _expected[stream, rank] = expected  # it is to meet their next call
+            raise _came_after(ticket, end)
     if first.gave_up and first.number == entry.number:  # the others gave up before
         late = timeout_error(conn, ticket, _GRACE)
         leave(ticket, named=True, lost=())  # it read the verdict that names it
@@ -155,6 +165,43 @@ def _mismatch(ticket: Ticket) -> MeshMismatchError:
         conn.compare_set(prefix + "end", "", "mm")
     error = explain(conn, ticket)
     leave(ticket, False, ())
+    return error
+
+
+def _came_after(ticket: Ticket, end: bytes) -> Exception:
+    """The error of a rank that comes to a call the others ended without it (its
+    stream is at a later call): the call's verdict, as they raised it. The later call
+    is theirs and this rank's next one: it is left alone. This rank is counted out."""
+    conn, p, rank = ticket.conn, ticket.prefix, ticket.rank
+    lost = lost_ranks(conn, p) if end == b"lost" else ()
+    where = f"{ticket.where} ({ticket.summary})"
+    doing = "coming to it after the other ranks had ended it"
+    error: Exception
+    if end == b"mm":
+        raw = wait_get(conn, p + "full", _GRACE)  # the first rank's side
+        if raw is None:
+            error = MeshMismatchError(
+                f"rank {rank} came to {ticket.where} after the other ranks had ended it "
+                "on a mismatch (the first rank published no record of its own: it may "
+                f"have died), while {ticket.record().says()}. {MISMATCH_HELP}"
+            )
+        else:
+            first = Record.parse(raw)
+            entry = Entry(ticket.entry.number, first.code, first.rank)
+            error = explain(conn, attrs.evolve(ticket, first=entry))
+    elif end in (b"census", b"timeout"):
+        error = timeout_error(conn, ticket, _GRACE)
+    elif rank in lost:
+        why = f"the other ranks declared it lost{found_by(conn, p)}"
+        error = given_up(rank, where, why, doing)
+    elif lost:
+        error = peer_lost(rank, where, lost, found_by(conn, p), doing, "")
+    else:  # fail:<why>, a rank's creation failed
+        error = MeshMismatchError(
+            f"rank {rank} came to {where} after the other ranks had ended it: another "
+            f"rank gave up on the call: {end.decode(errors='replace').removeprefix('fail:')}"
+        )
+    leave(ticket, False, lost)  # a rank named lost or missing counts as having read it
     return error
 
 

@@ -29,18 +29,19 @@ import time
 from typing import TYPE_CHECKING
 
 from .._compat.interruptible import interruptible_store, peek
-from .._core.errors import MeshMismatchError, PeerLostError
+from .._core.errors import MeshMismatchError
 from . import agreement, arrivals, port
 from .connections import hardened, thread_store
 from .records import ABORT, Ticket, append, wait_get
 from .ring import Ring
+from .verdicts import found_by, given_up, lost_ranks, peer_lost
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .._compat import Store
 
-__all__ = ["GRACE", "INTERVAL", "RATE", "SILENCE", "Watch", "given_up", "settings"]
+__all__ = ["GRACE", "INTERVAL", "RATE", "SILENCE", "Watch", "settings"]
 
 logger = logging.getLogger("fmesh")
 
@@ -193,9 +194,7 @@ class Watch:
     # -- the verdict ------------------------------------------------------------------
 
     def lost(self, conn: Store) -> tuple[int, ...]:
-        raw = peek(conn, self.p + "lost")
-        text = "" if raw is None else raw.decode()
-        return tuple(sorted({int(r) for r in text.split(",") if r}))
+        return lost_ranks(conn, self.p)
 
     def error(self, doing: str, cause: object) -> Exception | None:
         """The error to raise after ``doing`` failed with ``cause``, if the call was
@@ -216,12 +215,9 @@ class Watch:
                     return None
                 verdict = raw.decode()
                 if verdict == "lost":
-                    lost = self.lost(conn)
-                    raw = peek(conn, self.p + "by")
-                    by, _, how = ("" if raw is None else raw.decode()).partition("\x1f")
-                    found = f" (found by rank {by}: {how})" if by else ""
+                    lost, found = self.lost(conn), found_by(conn, self.p)
                     if t.rank not in lost:
-                        return _peer_lost(t.rank, where, lost, found, doing, cause)
+                        return peer_lost(t.rank, where, lost, found, doing, cause)
                     self._given_up = f"the other ranks declared it lost{found}"
                 elif verdict.startswith("fail:"):
                     return MeshMismatchError(
@@ -330,28 +326,3 @@ class Watch:
             conn = self.ticket.conn
             with contextlib.suppress(Exception):
                 arrivals.leave(self.ticket, bool(self._given_up), self.lost(conn))
-
-
-def _peer_lost(
-    rank: int, where: str, lost: tuple[int, ...], found: str, doing: str, cause: object
-) -> PeerLostError:
-    first = (str(cause).splitlines() or [""])[0][:300]
-    said = f" torch said: {first}" if first and not first.startswith("fmesh:") else ""
-    return PeerLostError(
-        f"rank(s) {list(lost)} died during {where}{found}; rank {rank} was {doing}. No "
-        "group of this call was kept on any survivor: call fmesh.recover(timeout=...) on "
-        "every surviving rank and carry on without them (docs/elastic.md)." + said,
-        lost,
-    )
-
-
-def given_up(rank: int, where: str, why: str, doing: str) -> PeerLostError:
-    """The error of a rank the others gave up on (``why``: how it learned it)."""
-    return PeerLostError(
-        f"rank {rank} was given up on during {where}: {why or 'the call was given up'}, "
-        f"so the other ranks raise PeerLostError naming it; rank {rank} was {doing}. Its "
-        "groups of this call are not kept. It cannot go on with the others in this "
-        "call: exit and rejoin through a restart, or call fmesh.recover(timeout=...) on "
-        "every rank (it is kept if it checks in within the others' timeout).",
-        (rank,),
-    )
