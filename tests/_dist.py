@@ -5,8 +5,11 @@ runs in fresh processes:
 
 * workers are forked from a ``forkserver`` that has imported torch once, so a job of
   8 ranks does not pay 8 torch imports (the machine may have 2 cores);
-* each worker gets the torchrun environment (``RANK``, ``WORLD_SIZE``,
-  ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and lets ``fmesh.realize``
+* each worker gets this process's environment as it is when the job starts (not the
+  server's, which is what it was when the server started: a test that had set
+  ``FMESH_PEER_WATCH=0`` then would turn the watch off in every later job of the
+  pytest worker), plus the torchrun environment (``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), and lets ``fmesh.realize``
   initialize gloo itself;
 * the rendezvous store is hosted here, in the parent, on a port the OS picked (as
   torchrun's agent does, ``TORCHELASTIC_USE_AGENT_STORE``), so there is no port to
@@ -113,13 +116,11 @@ def _worker(
     rank: int,
     world: int,
     env: dict[str, str],
-    drop_env: Sequence[str],
     out: str,
     args: tuple[Any, ...],
     linger: bool,
 ) -> None:
-    for key in drop_env:
-        os.environ.pop(key, None)
+    os.environ.clear()
     os.environ.update(env)
     report: dict[str, Any]
     try:
@@ -210,11 +211,12 @@ def run_spawn(
         raise ValueError(f"run_spawn keeps jobs small: world must be 1..8, got {world}")
     ctx = _context()
     store = None
-    env: dict[str, str] = {}
+    # This process's environment now, less any launcher's (the server's is older).
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
     if launch_env:
         # The agent's store: every rank connects to it as a client.
         store = TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
-        env = {
+        env |= {
             "WORLD_SIZE": str(world),
             "LOCAL_WORLD_SIZE": str(world),
             "GROUP_RANK": "0",
@@ -236,7 +238,7 @@ def run_spawn(
             rank_env["RANK"] = rank_env["LOCAL_RANK"] = str(rank)
         proc = ctx.Process(
             target=_worker,
-            args=(fn, rank, world, rank_env, _LAUNCH_VARS, outs[rank], args, linger),
+            args=(fn, rank, world, rank_env, outs[rank], args, linger),
             daemon=True,
         )
         proc.start()
