@@ -439,6 +439,53 @@ def test_a_rank_that_comes_after_the_others_ended_the_call_leaves_their_next_cal
     assert [k for k in keys(master) if k.startswith("1/")] == [], master.list_keys()
 
 
+def test_a_rank_that_comes_after_the_verdict_raises_it_before_it_creates_anything() -> None:
+    """Ranks 0 and 1 disagree at call #1 and raise; rank 2, which makes rank 0's call,
+    comes only then: the stream's record is marked failed, so it raises the mismatch
+    from its record's answer, without starting its groups (which could pass a
+    rendezvous whose other ranks left). All three then agree on call #2."""
+    master, port = _store_port()
+    conns = {r: OwnClient(_tcp(port)) for r in range(3)}
+    codes = {0: 5, 1: 7, 2: 5}
+    summaries = {0: "Mesh(a=6)", 1: "Mesh(odd=6)", 2: "Mesh(a=6)"}
+    out_of_call_1 = {r: threading.Event() for r in conns}
+    created: list[int] = []
+    got: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def play(r: int) -> Callable[[], object]:
+        def run() -> None:
+            if r == 1:  # rank 0's record is the stream's first
+                master.wait(["fmesh/a/t/s/c"], datetime.timedelta(seconds=30))
+            if r == 2:
+                assert out_of_call_1[0].wait(30) and out_of_call_1[1].wait(30)
+            first = _attempt(
+                lambda: call(
+                    conns[r],
+                    r,
+                    3,
+                    codes[r],
+                    summary=summaries[r],
+                    during=lambda _w, _t: created.append(r),
+                )
+            )
+            out_of_call_1[r].set()
+            assert all(e.wait(30) for e in out_of_call_1.values())
+            got[r] = first, _attempt(lambda: call(conns[r], r, 3, 9, 2))
+
+        return run
+
+    outs = _run_threads({r: play(r) for r in conns})
+    assert not any(o["error"] for o in outs.values()), outs
+    assert sorted(got) == [0, 1, 2], got
+    for r, (first, second) in got.items():
+        assert first["error"], (r, first)
+        assert "Mesh(odd=6)" in first["message"] and "Mesh(a=6)" in first["message"], first
+        assert not second["error"], (r, second)
+    assert "ranks 2 and 1 disagree at call #1" in got[2][0]["message"], got[2]
+    assert 2 not in created, created
+    assert keys(master) == ["2/n", "2/ok", "c"], master.list_keys()
+
+
 @pytest.mark.parametrize(
     ("verdict", "rank", "error", "says"),
     [
@@ -452,22 +499,24 @@ def test_a_rank_that_comes_after_the_others_ended_the_call_leaves_their_next_cal
         ),
     ],
 )
+@pytest.mark.parametrize("record", ["2|9|0|", "!1|5|0|"], ids=["went-on", "marked"])
 def test_a_rank_that_comes_after_a_verdict_raises_it_and_counts_itself_out(
-    verdict: str, rank: int, error: type[Exception], says: str
+    verdict: str, rank: int, error: type[Exception], says: str, record: str
 ) -> None:
-    """The keys a loss or a failed creation leaves at call #1 of a 4-rank stream
-    whose ranks went on to call #2: a rank that comes to call #1 now raises its
-    verdict, counts itself out, and leaves call #2 alone."""
+    """The keys a loss or a failed creation leaves at call #1 of a 4-rank stream,
+    whose record is of the ranks' call #2 (they went on) or call #1's, marked failed:
+    a rank that comes to call #1 now raises its verdict, counts itself out, and
+    leaves the stream's record as it is."""
     master, port = _store_port()
     p = "fmesh/a/t/s/1/"
     for key, value in {"end": verdict, "lost": "2,", "by": "1\x1fits port refused"}.items():
         master.set(p + key, value)
     master.add(p + "n", ABORT)
     master.add(p + "gone", 2)  # ranks 0 and 1 are out; one more is yet to come
-    master.set("fmesh/a/t/s/c", "2|9|0|")
+    master.set("fmesh/a/t/s/c", record)
     with pytest.raises(error, match=re.escape(says)):
         call(OwnClient(_tcp(port)), rank, 4, 5)
-    assert bytes(master.get("fmesh/a/t/s/c")) == b"2|9|0|"
+    assert bytes(master.get("fmesh/a/t/s/c")) == record.encode()
     assert not master.check(["fmesh/a/t/s/2/end"])  # call #2 is not failed
     gone, read = master.add(p + "gone", 0), master.add(p + "read", 0)
     assert (gone, read) == ((2, 1) if rank == 2 else (3, 0)), (gone, read)

@@ -14,8 +14,9 @@ must not start before every rank agrees: such a call runs the closing round firs
 The key ``S+"c"`` is never deleted, only swapped: each rank knows its value (the first
 record of the stream's last call, answered to every rank of it) and expects it; a rank
 whose expectation is stale (it made no record at that call) swaps again once. A rank
-that finds the stream at a later call, and a verdict at its own, comes after the
-others ended its call: it raises that verdict and leaves their later call alone. Costs and
+that finds the stream's record marked failed (``!``), or at a later call with a
+verdict at its own, comes after the others ended its call: it raises that verdict
+before it creates anything, and leaves their later call alone. Costs and
 the rest of the protocol: ``docs/design/agreement-protocol.md``.
 """
 
@@ -128,10 +129,8 @@ def open_call(
         if end:  # the others ended this call without this rank, and went on
             _expected[stream, rank] = expected  # it is to meet their next call
             raise _came_after(ticket, end)
-    if first.gave_up and first.number == entry.number:  # the others gave up before
-        late = timeout_error(conn, ticket, _GRACE)
-        leave(ticket, named=True, lost=())  # it read the verdict that names it
-        raise late
+    if first.gave_up and first.number == entry.number:  # its verdict is out
+        raise _came_after(ticket, peek(conn, prefix + "end") or b"timeout")
     if first.number != entry.number or first.code != entry.code:
         if peek(conn, prefix + "end") in (b"census", b"timeout"):
             # The others gave up on this call at its timeout before this rank came.
@@ -163,15 +162,17 @@ def _mismatch(ticket: Ticket) -> MeshMismatchError:
         conn.add(prefix + "n", ABORT)
         conn.compare_set(prefix + "mm", "", ticket.record().text())
         conn.compare_set(prefix + "end", "", "mm")
+    ticket.mark_failed(conn)
     error = explain(conn, ticket)
     leave(ticket, False, ())
     return error
 
 
 def _came_after(ticket: Ticket, end: bytes) -> Exception:
-    """The error of a rank that comes to a call the others ended without it (its
-    stream is at a later call): the call's verdict, as they raised it. The later call
-    is theirs and this rank's next one: it is left alone. This rank is counted out."""
+    """The error of a rank that comes to a call after its verdict (``end``) is out
+    (the stream's record is marked failed, or at a later call): the verdict, as the
+    others raised it. A later call is theirs and this rank's next one: it is left
+    alone. This rank is counted out of the call."""
     conn, p, rank = ticket.conn, ticket.prefix, ticket.rank
     lost = lost_ranks(conn, p) if end == b"lost" else ()
     where = f"{ticket.where} ({ticket.summary})"

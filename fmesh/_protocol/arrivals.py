@@ -32,8 +32,6 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-import attrs
-
 from .._compat.interruptible import peek
 from .._core.errors import MeshMismatchError
 from .records import ABORT, POISON, Ticket, append, wait_get
@@ -193,10 +191,7 @@ class Arrivals:
             "raises at its next realize call that creates groups). " + MISSING_HELP,
         )
         conn.compare_set(p + "end", "census", "timeout")
-        # The stream's record says so too: a rank that comes later reads it in the
-        # answer to its own record's request, before it creates anything.
-        marked = attrs.evolve(t.first, gave_up=True)
-        conn.compare_set(t.stream + "c", t.first.text(), marked.text())
+        t.mark_failed(conn)
         return True
 
     def verdict(self, conn: Store) -> MeshMismatchError:

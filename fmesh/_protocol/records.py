@@ -67,8 +67,9 @@ class Entry:
     rank: int
     names: str = ""
     gave_up: bool = False
-    """The stream's record of a call the others gave up on at its timeout (``!`` in
-    front): a rank that comes to it later learns so from its own record's request."""
+    """The stream's record of a call that failed, its verdict out (``!`` in front,
+    ``Ticket.mark_failed``): a rank that comes to it later learns so from its own
+    record's request."""
 
     def text(self) -> str:
         mark = "!" if self.gave_up else ""
@@ -151,6 +152,16 @@ class Ticket:
     def stream(self) -> str:
         """The call's stream's prefix (its record is ``stream + "c"``)."""
         return self.prefix.rstrip("/").rpartition("/")[0] + "/"
+
+    def mark_failed(self, conn: Store) -> None:
+        """Once the call's verdict (``P+"end"``) is out: the stream's record says the
+        call failed (``Entry.gave_up``), if it is still this call's. A rank that comes
+        to the call later reads it in the answer to its own record's request and raises
+        the verdict before it creates anything (rather than pass a group's rendezvous
+        whose other ranks left, and wait in gloo's connect)."""
+        if self.first.number == self.entry.number and not self.first.gave_up:
+            marked = attrs.evolve(self.first, gave_up=True)
+            conn.compare_set(self.stream + "c", self.first.text(), marked.text())
 
 
 class Untyped(Protocol):

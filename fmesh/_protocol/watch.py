@@ -190,6 +190,7 @@ class Watch:
         conn.compare_set(self.p + "by", "", f"{t.rank}\x1f{why}")
         time.sleep(GRACE)
         conn.compare_set(self.p + "end", "", "lost")
+        t.mark_failed(conn)
 
     # -- the verdict ------------------------------------------------------------------
 
@@ -301,6 +302,7 @@ class Watch:
         with contextlib.suppress(Exception):
             if conn.add(self.p + "n", ABORT) % ABORT < self.n:
                 conn.compare_set(self.p + "end", "", f"fail:rank {self.ticket.rank}: {first}")
+                self.ticket.mark_failed(conn)
         self._broken = True
 
     def _serve(self) -> None:
