@@ -1,8 +1,8 @@
 """A failed call's verdict in the words a rank raises.
 
 ``watch.py`` raises these for a call a rank took part in; ``agreement.py`` for a call
-a rank comes to after the others ended it (its stream is at a later call). The keys
-of a verdict (``P+"end"``, ``lost``, ``by``): ``records.py``.
+a rank comes to after its verdict is out (the stream's record marked failed, or at a
+later call). The keys of a verdict (``P+"end"``, ``lost``, ``by``): ``records.py``.
 """
 
 from __future__ import annotations
