@@ -402,26 +402,32 @@ def test_dim_names_compared_apart_are_a_warning_naming_both(
     ), said
 
 
-def test_a_rank_that_comes_after_the_others_ended_the_call_leaves_their_next_call() -> None:
-    """Ranks 0 and 1 disagree at call #1 and go on to call #2 before rank 2 makes its
-    call #1 (CI saw it on a loaded machine): rank 2 finds the stream at call #2, raises
-    call #1's mismatch as the others did, and does not fail their call #2, which all
-    three then make."""
-    master, port = _store_port()
+def _mismatch_then_agree(
+    master: Any,
+    port: int,
+    odd: int,
+    before: Callable[[int], object],
+    between: Callable[[int], object],
+    created: list[int],
+) -> dict[int, dict[str, Any]]:
+    """Three thread-played ranks: call #1, where rank ``odd`` makes another call, then
+    call #2, the same on all. ``before(r)`` runs before rank r's call #1, ``between(r)``
+    after it; ``created`` lists the ranks that started creating at call #1. Every rank
+    must raise at call #1 naming both sides and agree at call #2; returns what each
+    raised at call #1."""
     conns = {r: OwnClient(_tcp(port)) for r in range(3)}
-    codes = {0: 7, 1: 5, 2: 5}
-    summaries = {0: "Mesh(odd=6)", 1: "Mesh(a=6)", 2: "Mesh(a=6)"}
-
     got: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
 
     def play(r: int) -> Callable[[], object]:
         def run() -> None:
-            if r == 2:  # the others are at call #2 already
-                deadline = time.monotonic() + 30
-                while not bytes(master.get("fmesh/a/t/s/c")).startswith(b"2|"):
-                    assert time.monotonic() < deadline, master.get("fmesh/a/t/s/c")
-                    time.sleep(0.05)
-            first = _attempt(lambda: call(conns[r], r, 3, codes[r], summary=summaries[r]))
+            before(r)
+            code, summary = (7, "Mesh(odd=6)") if r == odd else (5, "Mesh(a=6)")
+            first = _attempt(
+                lambda: call(
+                    conns[r], r, 3, code, summary=summary, during=lambda *_: created.append(r)
+                )
+            )
+            between(r)
             got[r] = first, _attempt(lambda: call(conns[r], r, 3, 9, 2))
 
         return run
@@ -432,9 +438,26 @@ def test_a_rank_that_comes_after_the_others_ended_the_call_leaves_their_next_cal
     for r, (first, second) in got.items():
         assert first["error"], (r, first)
         assert "Mesh(odd=6)" in first["message"] and "Mesh(a=6)" in first["message"], first
-        assert "call #1" in first["message"], first
+        assert "disagree at call #1" in first["message"], first
         assert not second["error"], (r, second)
-    assert "disagree" in got[2][0]["message"], got[2]
+    return {r: first for r, (first, _) in got.items()}
+
+
+def test_a_rank_that_comes_after_the_others_ended_the_call_leaves_their_next_call() -> None:
+    """Ranks 0 and 1 disagree at call #1 and go on to call #2 before rank 2 makes its
+    call #1 (CI saw it on a loaded machine): rank 2 finds the stream at call #2, raises
+    call #1's mismatch as the others did, and does not fail their call #2, which all
+    three then make."""
+    master, port = _store_port()
+
+    def before(r: int) -> None:
+        if r == 2:  # the others are at call #2 already
+            deadline = time.monotonic() + 30
+            while not bytes(master.get("fmesh/a/t/s/c")).startswith(b"2|"):
+                assert time.monotonic() < deadline, master.get("fmesh/a/t/s/c")
+                time.sleep(0.05)
+
+    _mismatch_then_agree(master, port, 0, before, lambda r: None, [])
     # Call #1's keys are gone once every rank is out of it, verdict included.
     assert [k for k in keys(master) if k.startswith("1/")] == [], master.list_keys()
 
@@ -445,43 +468,21 @@ def test_a_rank_that_comes_after_the_verdict_raises_it_before_it_creates_anythin
     from its record's answer, without starting its groups (which could pass a
     rendezvous whose other ranks left). All three then agree on call #2."""
     master, port = _store_port()
-    conns = {r: OwnClient(_tcp(port)) for r in range(3)}
-    codes = {0: 5, 1: 7, 2: 5}
-    summaries = {0: "Mesh(a=6)", 1: "Mesh(odd=6)", 2: "Mesh(a=6)"}
-    out_of_call_1 = {r: threading.Event() for r in conns}
+    out_of_call_1 = {r: threading.Event() for r in range(3)}
+
+    def before(r: int) -> None:
+        if r == 1:  # rank 0's record is the stream's first
+            master.wait(["fmesh/a/t/s/c"], datetime.timedelta(seconds=30))
+        if r == 2:
+            assert out_of_call_1[0].wait(30) and out_of_call_1[1].wait(30)
+
+    def between(r: int) -> None:
+        out_of_call_1[r].set()
+        assert all(e.wait(30) for e in out_of_call_1.values())
+
     created: list[int] = []
-    got: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
-
-    def play(r: int) -> Callable[[], object]:
-        def run() -> None:
-            if r == 1:  # rank 0's record is the stream's first
-                master.wait(["fmesh/a/t/s/c"], datetime.timedelta(seconds=30))
-            if r == 2:
-                assert out_of_call_1[0].wait(30) and out_of_call_1[1].wait(30)
-            first = _attempt(
-                lambda: call(
-                    conns[r],
-                    r,
-                    3,
-                    codes[r],
-                    summary=summaries[r],
-                    during=lambda _w, _t: created.append(r),
-                )
-            )
-            out_of_call_1[r].set()
-            assert all(e.wait(30) for e in out_of_call_1.values())
-            got[r] = first, _attempt(lambda: call(conns[r], r, 3, 9, 2))
-
-        return run
-
-    outs = _run_threads({r: play(r) for r in conns})
-    assert not any(o["error"] for o in outs.values()), outs
-    assert sorted(got) == [0, 1, 2], got
-    for r, (first, second) in got.items():
-        assert first["error"], (r, first)
-        assert "Mesh(odd=6)" in first["message"] and "Mesh(a=6)" in first["message"], first
-        assert not second["error"], (r, second)
-    assert "ranks 2 and 1 disagree at call #1" in got[2][0]["message"], got[2]
+    firsts = _mismatch_then_agree(master, port, 1, before, between, created)
+    assert "ranks 2 and 1 disagree at call #1" in firsts[2]["message"], firsts[2]
     assert 2 not in created, created
     assert keys(master) == ["2/n", "2/ok", "c"], master.list_keys()
 
